@@ -1,0 +1,218 @@
+"""A small GPT (GPT-2 layout) and the static KV cache it writes into.
+
+Data flows top to bottom: ``KVCache`` -> ``CausalSelfAttention`` -> ``MLP`` -> ``Block`` -> ``GPT``.
+Shapes: B batch, T new tokens, S = cache length + T keys, C channels, H heads, D head size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+
+class CacheOverflowError(ValueError):
+    """More tokens than the cache (or the model's block) can hold."""
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: ``k``, ``v`` are (L, B, H, max_len, D).
+
+    ``length`` counts the positions already written. Each layer writes the new chunk at
+    ``[length : length + T]`` and reads ``[: length + T]``; the model advances ``length`` once,
+    after its last layer.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
+                 device=None, dtype=None):
+        max_len = config.block_size if max_len is None else max_len
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(max_len, int) or not 1 <= max_len <= config.block_size:
+            raise ValueError(f"max_len must be an int in [1, block_size={config.block_size}], got {max_len!r}")
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one position of one sequence takes: 2 (k, v) x layers x channels x dtype size."""
+        return self.nbytes // (self.batch_size * self.max_len)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store a chunk (B, H, T, D) after the cached positions; return all keys and values so far."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H, S, D)
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # (B, H, S, D): the past never changes, so it is reused
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B, 1, T, S)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))  # exact (erf) GELU
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
+    """(T, S) bool: query i (the i-th new token) sees key j when j <= S - T + i (bottom-right aligned)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def attention_mask(T: int, S: int, key_mask: torch.Tensor | None, device=None) -> torch.Tensor:
+    """(B or 1, 1, T, S) bool: causal, and padded keys hidden.
+
+    Each token always sees itself, so a padding row never has all keys hidden (its output is unused).
+    """
+    mask = causal_mask(T, S, device)  # (T, S)
+    if key_mask is None:
+        return mask[None, None]
+    diagonal = torch.zeros(T, S, dtype=torch.bool, device=device)
+    diagonal[torch.arange(T), torch.arange(S - T, S)] = True
+    return (mask & key_mask[:, None, None, :].bool()) | diagonal  # (B, 1, T, S)
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),  # learned positions
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: scale the residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
+
+    def forward(self, idx, cache: KVCache | None = None, key_mask=None, position_ids=None, targets=None):
+        """idx (B, T) -> logits (B, T, V) for every position, and the loss when ``targets`` is given.
+
+        With ``cache``, idx holds only the new tokens: positions start at ``cache.length`` and the
+        keys seen are the cached ones plus these. ``key_mask`` (B, S) marks real (1) and padding (0)
+        keys over all S = cache.length + T positions; ``position_ids`` (B, T) overrides positions.
+        """
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        S = start + T
+        if cache is not None and S > cache.max_len:
+            raise CacheOverflowError(
+                f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {cache.max_len}")
+        if position_ids is None:
+            if S > self.config.block_size:
+                raise CacheOverflowError(
+                    f"position {S - 1} is past the block size {self.config.block_size}: crop the input "
+                    f"to the last {self.config.block_size} tokens")
+            position_ids = torch.arange(start, S, device=idx.device)[None]  # (1, T)
+        elif position_ids.numel() and int(position_ids.max()) >= self.config.block_size:
+            raise CacheOverflowError(
+                f"position id {int(position_ids.max())} is past the block size {self.config.block_size}")
+        if key_mask is not None and key_mask.shape != (B, S):
+            raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
+
+        x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
+        mask = None if (cache is None and key_mask is None) else attention_mask(T, S, key_mask, idx.device)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, mask, cache, layer)
+        if cache is not None:
+            cache.advance(T)  # once, after the last layer
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits, loss

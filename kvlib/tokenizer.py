@@ -1,0 +1,233 @@
+"""Two tokenizers over the same corpus: one id per character, and byte-level BPE.
+
+Both share one interface: ``encode``, ``decode``, ``token_bytes``, ``vocab_size``, ``eos_id`` (the
+poem separator, shown as a newline) and ``punctuation_ids`` (everything that is not a CJK ideograph).
+"""
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections import Counter
+from functools import cached_property
+from pathlib import Path
+
+from .integrity import write_json
+
+SEPARATOR = "\n"
+
+
+class UnknownCharacterError(ValueError):
+    """Text holds characters that the tokenizer has no id for."""
+
+    def __init__(self, chars: list[str]):
+        self.chars = chars
+        shown = "".join(chars[:20]) + ("…" if len(chars) > 20 else "")
+        super().__init__(
+            f"{len(chars)} character(s) are not in the vocabulary: {shown} "
+            "(the model knows only characters that occur at least twice in the Tang poems)"
+        )
+
+
+def is_ideograph(ch: str) -> bool:
+    return unicodedata.name(ch, "").startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH"))
+
+
+def _check_text(text) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return text
+
+
+class CharTokenizer:
+    """One id per character seen at least ``min_count`` times, ``<unk>`` for corpus rarities."""
+
+    kind = "char"
+    UNK = "<unk>"
+
+    def __init__(self, itos: list[str]):
+        if itos[:2] != [SEPARATOR, self.UNK]:
+            raise ValueError("a char vocabulary starts with the separator and <unk>")
+        self.itos = list(itos)
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.eos_id, self.unk_id = 0, 1
+
+    @classmethod
+    def train(cls, poems: list[str], min_count: int = 2) -> "CharTokenizer":
+        counts = Counter("".join(poems))
+        counts.pop(SEPARATOR, None)
+        kept = sorted(ch for ch, n in counts.items() if n >= min_count)
+        return cls([SEPARATOR, cls.UNK, *kept])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def unknown(self, text: str) -> list[str]:
+        """Characters of ``text`` without an id, in order of first appearance."""
+        return list(dict.fromkeys(ch for ch in _check_text(text) if ch not in self.stoi))
+
+    def encode(self, text: str) -> list[int]:
+        missing = self.unknown(text)
+        if missing:
+            raise UnknownCharacterError(missing)
+        return [self.stoi[ch] for ch in text]
+
+    def encode_corpus(self, poems: list[str]) -> list[int]:
+        """Separator before every poem; rare characters become ``<unk>``."""
+        ids = []
+        for poem in poems:
+            ids.append(self.eos_id)
+            ids.extend(self.stoi.get(ch, self.unk_id) for ch in poem)
+        return ids
+
+    def decode(self, ids) -> str:
+        return "".join(self.itos[i] for i in _as_list(ids))
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.itos[i].encode("utf-8")
+
+    @cached_property
+    def punctuation_ids(self) -> list[int]:
+        return [i for i, s in enumerate(self.itos) if not (len(s) == 1 and is_ideograph(s))]
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": self.kind, "itos": self.itos})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CharTokenizer":
+        return cls(d["itos"])
+
+
+# Pre-tokenization: runs of ASCII letters, digits or whitespace stay together; every other
+# character (each ideograph, each punctuation mark) is a chunk of its own. Merges stay inside chunks.
+_CHUNK = re.compile(r"[A-Za-z]+|[0-9]+|\s+|.", re.S)
+
+
+class ByteBPETokenizer:
+    """Byte-level BPE: ids 0-255 are bytes, then one id per merge, then ``<|endoftext|>``."""
+
+    kind = "bpe"
+    EOT = "<|endoftext|>"
+
+    def __init__(self, merges: list[tuple[int, int]]):
+        self.merges = [tuple(m) for m in merges]
+        self.ranks = {pair: 256 + r for r, pair in enumerate(self.merges)}
+        self.vocab = [bytes([b]) for b in range(256)]
+        for a, b in self.merges:
+            self.vocab.append(self.vocab[a] + self.vocab[b])
+        self.eos_id = len(self.vocab)
+        self._chunk_cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def train(cls, texts: list[str], vocab_size: int = 512) -> "ByteBPETokenizer":
+        """Learn ``vocab_size - 257`` merges, keeping pair counts up to date incrementally."""
+        chunk_counts = Counter(c for t in texts for c in _CHUNK.findall(t))
+        words = [list(c.encode("utf-8")) for c in chunk_counts]
+        freqs = list(chunk_counts.values())
+        pair_counts: Counter = Counter()
+        where: dict[tuple[int, int], set[int]] = {}
+        for w, (word, f) in enumerate(zip(words, freqs)):
+            for pair in zip(word, word[1:]):
+                pair_counts[pair] += f
+                where.setdefault(pair, set()).add(w)
+        merges = []
+        for new_id in range(256, vocab_size - 1):
+            if not pair_counts:
+                break
+            # The most frequent pair; ties go to the smallest pair so training is deterministic.
+            best = max(pair_counts.items(), key=lambda kv: (kv[1], (-kv[0][0], -kv[0][1])))[0]
+            merges.append(best)
+            for w in where.pop(best, ()):
+                word, f = words[w], freqs[w]
+                for pair in zip(word, word[1:]):
+                    pair_counts[pair] -= f
+                    if pair_counts[pair] <= 0:
+                        del pair_counts[pair]
+                word = _merge(word, best, new_id)
+                words[w] = word
+                for pair in zip(word, word[1:]):
+                    pair_counts[pair] += f
+                    where.setdefault(pair, set()).add(w)
+        return cls(merges)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.eos_id + 1
+
+    def _encode_chunk(self, chunk: str) -> list[int]:
+        ids = self._chunk_cache.get(chunk)
+        if ids is None:
+            ids = list(chunk.encode("utf-8"))
+            while len(ids) > 1:
+                pair = min(zip(ids, ids[1:]), key=lambda p: self.ranks.get(p, 1 << 30))
+                if pair not in self.ranks:
+                    break
+                ids = _merge(ids, pair, self.ranks[pair])
+            if len(self._chunk_cache) < 100_000:
+                self._chunk_cache[chunk] = ids
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return [i for chunk in _CHUNK.findall(_check_text(text)) for i in self._encode_chunk(chunk)]
+
+    def encode_corpus(self, poems: list[str]) -> list[int]:
+        ids = []
+        for poem in poems:
+            ids.append(self.eos_id)
+            ids.extend(self.encode(poem))
+        return ids
+
+    def token_bytes(self, i: int) -> bytes:
+        return SEPARATOR.encode() if i == self.eos_id else self.vocab[i]
+
+    def decode(self, ids, errors: str = "replace") -> str:
+        return b"".join(self.token_bytes(i) for i in _as_list(ids)).decode("utf-8", errors=errors)
+
+    def unknown(self, text: str) -> list[str]:
+        _check_text(text)
+        return []
+
+    @cached_property
+    def punctuation_ids(self) -> list[int]:
+        """Tokens that are whole characters, none of them an ideograph, plus the separator."""
+        out = []
+        for i in range(self.vocab_size):
+            try:
+                s = self.token_bytes(i).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if s and not any(is_ideograph(ch) for ch in s):
+                out.append(i)
+        return out
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": self.kind, "merges": [list(m) for m in self.merges]})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ByteBPETokenizer":
+        return cls([tuple(m) for m in d["merges"]])
+
+
+def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def _as_list(ids) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+def load_tokenizer(path) -> CharTokenizer | ByteBPETokenizer:
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    kinds = {"char": CharTokenizer, "bpe": ByteBPETokenizer}
+    if d.get("kind") not in kinds:
+        raise ValueError(f"{path}: unknown tokenizer kind {d.get('kind')!r}; expected one of {sorted(kinds)}")
+    return kinds[d["kind"]].from_dict(d)

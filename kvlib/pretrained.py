@@ -1,0 +1,30 @@
+"""The shipped models: ``load_pretrained("tang-char")`` checks sha256, then loads weights only."""
+from __future__ import annotations
+
+import torch
+
+from .integrity import DATA_DIR, verified_path
+from .model import GPT, GPTConfig
+from .tokenizer import load_tokenizer
+
+MODELS = ("tang-char", "tang-bpe")
+
+
+def load_pretrained(name: str = "tang-char", data_dir=DATA_DIR):
+    """(model in eval mode, tokenizer) for a shipped model, after checking both files' sha256."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; the shipped models are {', '.join(MODELS)}")
+    path = verified_path(f"{name}.pt", data_dir)
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # a file that matches the manifest but will not unpickle as plain weights
+        raise ValueError(f"{path} is not a weights-only checkpoint: {e}") from e
+    model = GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    tokenizer = load_tokenizer(verified_path(ckpt["tokenizer"], data_dir))
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"{ckpt['tokenizer']} has {tokenizer.vocab_size} ids but {name} expects "
+                         f"{model.config.vocab_size}")
+    model.metrics = ckpt.get("metrics", {})
+    return model, tokenizer

@@ -1,0 +1,188 @@
+"""Turning one row of logits into the next token: temperature -> top-k -> top-p -> draw.
+
+Every function takes logits of shape (B, V), B rows of V vocabulary scores, and returns a new
+tensor. The filters never renormalise: they set the scores of dropped tokens to -inf, so a
+softmax afterwards gives those tokens probability 0 and shares the mass among the rest.
+``probabilities`` is the one code path from logits to the distribution; ``sample_next`` draws
+from exactly what it returns.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next",
+           "validate_sampling"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks at the public edges
+# ---------------------------------------------------------------------------------------------
+
+def _check_logits(logits) -> None:
+    """Logits must be a floating (B, V) tensor with no NaN, no +inf, and a finite entry per row."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor of shape (B, V), got {type(logits).__name__}")
+    if logits.dim() != 2:
+        hint = " (for a single row use logits[None, :])" if logits.dim() == 1 else ""
+        raise ValueError(f"logits must have shape (B, V), got shape {tuple(logits.shape)}{hint}")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits must have at least one vocabulary entry, got V = 0")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must have a floating dtype, got {logits.dtype}")
+    # One boolean per row, then a single check: a -inf entry (a banned token) is fine,
+    # but NaN, +inf, or a row with nothing left to sample cannot be turned into probabilities.
+    bad_rows = (logits.isnan().any(-1)
+                | logits.isposinf().any(-1)
+                | logits.isneginf().all(-1))                               # (B,)
+    if bad_rows.any():
+        row = int(bad_rows.nonzero()[0, 0])
+        raise ValueError(f"logits row {row} cannot be sampled: it contains NaN or +inf, or every "
+                         f"entry is -inf; allowed are finite values and -inf for banned tokens")
+
+
+def _check_temperature(temperature) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number >= 0, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}")
+    return float(temperature)
+
+
+def _check_top_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
+    if k < 1:
+        raise ValueError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
+    return int(k)
+
+
+def _check_top_p(p) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"top_p must be a number in (0, 1] (or None for no top-p), got {p!r}")
+    if not 0 < p <= 1:                                                     # also rejects NaN
+        raise ValueError(f"top_p must be in (0, 1] (or None for no top-p), got {p!r}")
+    return float(p)
+
+
+def validate_sampling(temperature=1.0, top_k=None, top_p=None) -> None:
+    """Check sampling settings once, before a decoding loop starts (same rules and messages)."""
+    _check_temperature(temperature)
+    if top_k is not None:
+        _check_top_k(top_k)
+    if top_p is not None:
+        _check_top_p(top_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# The three steps, unchecked (the public functions below check, then call these)
+# ---------------------------------------------------------------------------------------------
+
+def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Softmax ignores a constant added to a row, so shift each row's maximum to 0 first:
+    # the result has the same softmax as logits / T, and a tiny T cannot overflow to +inf.
+    shifted = logits - logits.amax(dim=-1, keepdim=True)                  # (B, V), max 0 per row
+    if temperature == 0:
+        # The T -> 0 limit: only the (first) argmax survives.
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep.scatter_(-1, logits.argmax(dim=-1, keepdim=True), True)       # (B, V)
+        return shifted.masked_fill(~keep, float("-inf"))
+    return shifted / temperature                                           # (B, V)
+
+
+def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    k = min(k, logits.shape[-1])                                           # k > V keeps everything
+    kth = logits.topk(k, dim=-1).values[:, -1:]                            # (B, 1) k-th largest
+    return logits.masked_fill(logits < kth, float("-inf"))                # ties with kth are kept
+
+
+def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if p == 1:
+        return logits.clone()                                              # the whole vocabulary
+    probs = logits.softmax(dim=-1, dtype=torch.float32)                   # (B, V)
+    # Stable descending sort: among equal probabilities the lower token id comes first.
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (B, V) each
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs                    # mass strictly before each
+    drop_sorted = before >= p                                              # the nucleus is already full
+    drop_sorted[:, 0] = False                                              # the top token always stays
+    drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Scale logits (B, V) -> (B, V) so that softmax gives ``softmax(logits / temperature)``.
+
+    Each row is shifted so its maximum is 0 before dividing (softmax is unchanged by the shift).
+    ``temperature`` must be a finite number >= 0. Below 1 the distribution sharpens, above 1 it
+    flattens. At 0 the limit is returned: 0 for each row's first argmax, -inf everywhere else.
+    """
+    _check_logits(logits)
+    return _temperature(logits, _check_temperature(temperature))
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest logits of each row (B, V) -> (B, V); the rest become -inf.
+
+    ``k`` must be an int >= 1; ``k`` > V keeps everything. Tokens tied with the k-th largest value
+    are all kept, so a row may keep more than ``k`` tokens.
+    """
+    _check_logits(logits)
+    return _top_k(logits, _check_top_k(k))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the nucleus of each row (B, V) -> (B, V); the rest become -inf.
+
+    The nucleus is the shortest run of tokens, taken by descending probability (stable sort,
+    so ties go to the lower token id), whose probability mass is at least ``p``. A token is
+    dropped once the mass of the tokens strictly before it has reached ``p``; the most likely
+    token is always kept. ``p`` must be in (0, 1]; ``p`` = 1 keeps everything.
+    """
+    _check_logits(logits)
+    return _top_p(logits, _check_top_p(p))
+
+
+def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """The distribution (B, V) that ``sample_next`` draws from: rows sum to 1, dropped tokens are 0.
+
+    Order: temperature -> top-k -> top-p -> softmax. At temperature 0 each row is one-hot on its
+    (first) argmax and the filters are skipped, though their arguments are still checked.
+    Probabilities are float32, or float64 when the logits are float64.
+    """
+    _check_logits(logits)
+    temperature = _check_temperature(temperature)
+    top_k = None if top_k is None else _check_top_k(top_k)
+    top_p = None if top_p is None else _check_top_p(top_p)
+
+    scores = _temperature(logits, temperature)                             # (B, V)
+    if temperature > 0:
+        if top_k is not None:
+            scores = _top_k(scores, top_k)
+        if top_p is not None:
+            scores = _top_p(scores, top_p)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick the next token of each row: logits (B, V) -> token ids (B, 1), int64.
+
+    Draws one token from ``probabilities(logits, temperature, top_k, top_p)``. Temperature 0 is
+    greedy (argmax) and draws nothing. With a ``generator`` only that generator is consumed, so the
+    global RNG (``torch.get_rng_state()``) is left as it was; with ``generator=None`` the draw
+    uses the global RNG, as ``torch.multinomial`` does.
+    """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    probs = probabilities(logits, temperature, top_k, top_p)              # (B, V)
+    if temperature == 0:
+        return probs.argmax(dim=-1, keepdim=True)                          # (B, 1)
+    return torch.multinomial(probs, 1, generator=generator)               # (B, 1)

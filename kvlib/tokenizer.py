@@ -5,6 +5,7 @@ poem separator, shown as a newline) and ``punctuation_ids`` (everything that is 
 """
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import unicodedata
@@ -223,6 +224,20 @@ def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
 def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+def stream_decode(tokenizer, ids):
+    """Yield text as tokens arrive, holding back bytes until they complete a character.
+
+    Concatenated, the pieces equal ``tokenizer.decode(ids)``; a token that ends mid-character
+    yields "" instead of U+FFFD, and invalid bytes still become U+FFFD (``errors="replace"``).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in _as_list(ids):
+        yield decoder.decode(tokenizer.token_bytes(i))
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
 
 
 def load_tokenizer(path) -> CharTokenizer | ByteBPETokenizer:

@@ -210,3 +210,18 @@ def export(model: GPT, tok, cfg: TrainConfig, history: list[dict], metrics: dict
         pass
     if out_dir.resolve() == DATA_DIR.resolve():
         record(*paths)
+
+
+def evaluate(model: GPT, tokenizer, n_poems: int = 200, temperature: float = 0.8, seed: int = 1337,
+             poems: list[str] | None = None) -> dict:
+    """Validation loss in nats per character (comparable across tokenizers) and the format score:
+    the share of lines with 5 or 7 characters in ``n_poems`` poems sampled at ``temperature``."""
+    from .poems import format_score, write
+
+    _, val_poems = data.split(data.load_poems() if poems is None else poems)
+    val_ids = torch.tensor(tokenizer.encode_corpus(val_poems), dtype=torch.long)
+    val_chars = sum(len(p) + 1 for p in val_poems)
+    per_token = mean_loss(model, val_ids)
+    samples = write(model, tokenizer, "", temperature=temperature, seed=seed, n=n_poems)
+    return {"val_loss_per_token": per_token, "val_nats_per_char": per_token * len(val_ids) / val_chars,
+            "format_score": format_score(samples), "samples": samples}

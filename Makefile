@@ -1,0 +1,30 @@
+# `make lab`: set up .venv and open JupyterLab on the notebooks.  `make test`: set up and run every test.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: lab test demo bench setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e ".[test,bench]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python -m kvlib demo
+
+bench: $(STAMP)
+	$(BIN)/python -m kvlib bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

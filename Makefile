@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test demo bench setup clean
+.PHONY: lab test demo bench setup clean notebooks
 
 setup: $(STAMP)
 
@@ -28,3 +28,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Re-execute every notebook in place (after retraining or a library change), then check them.
+notebooks: $(STAMP)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/0*.ipynb

@@ -1,0 +1,60 @@
+"""Shared fixtures: seeded random models (fast, always available) and the two shipped models.
+
+The shipped fixtures load ``data/tang-char.pt`` and ``data/tang-bpe.pt`` through
+:func:`kvlib.pretrained.load_pretrained`, which checks their sha256 against ``data/MANIFEST.json``;
+a missing or damaged checkpoint makes the tests that use them fail (not skip) with that message.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib import integrity
+from kvlib.model import GPT, GPTConfig
+from kvlib.pretrained import load_pretrained
+from kvlib.tokenizer import load_tokenizer
+
+# The models under test are tiny: one thread is fastest, and on a machine whose cores are busy (training
+# jobs, a parallel CI) a second thread that waits for a core makes every forward pass ~100x slower.
+torch.set_num_threads(1)
+
+SHIPPED_SHAPE = GPTConfig(vocab_size=7497)  # the char model: block 128, 4 layers, 4 heads, 128 channels
+TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+
+def seeded_gpt(config: GPTConfig, seed: int = 0) -> GPT:
+    """A GPT with weights drawn from ``seed``, leaving the global RNG as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(config)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def random_gpt() -> GPT:
+    """Untrained, seeded, in the shipped char model's shape."""
+    return seeded_gpt(SHIPPED_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt() -> GPT:
+    """Untrained, seeded, 64 ids and a 16-token block: for loops that run many times."""
+    return seeded_gpt(TINY_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def shipped_char():
+    """(model, tokenizer) of the shipped character model."""
+    return load_pretrained("tang-char")
+
+
+@pytest.fixture(scope="session")
+def shipped_bpe():
+    """(model, tokenizer) of the shipped byte-level BPE model."""
+    return load_pretrained("tang-bpe")
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    """The shipped BPE tokenizer alone (sha256-checked), for tests that need no model."""
+    return load_tokenizer(integrity.verified_path("tang-bpe.tokenizer.json", integrity.DATA_DIR))

@@ -1,0 +1,69 @@
+"""Streaming decode with the shipped byte-level BPE: whole characters only, and the same text as decode."""
+from __future__ import annotations
+
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from kvlib.generate import generate
+from kvlib.tokenizer import stream_decode
+
+REPLACEMENT = "\ufffd"
+TEXT = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
+
+
+def test_characters_split_across_tokens_stream_whole(bpe_tokenizer):
+    tok = bpe_tokenizer
+    ids = tok.encode(TEXT)
+    split = [ch for ch in TEXT if len(tok.encode(ch)) > 1]
+    assert split, "the test needs a character that BPE spells with more than one token"
+    per_token = "".join(tok.decode([i]) for i in ids)
+    assert REPLACEMENT in per_token  # decoding token by token breaks those characters
+    pieces = list(stream_decode(tok, ids))
+    assert "".join(pieces) == tok.decode(ids) == TEXT
+    assert not any(REPLACEMENT in p for p in pieces)
+    assert "" in pieces  # a token that ends mid-character shows nothing yet
+    shown = ""
+    for p in pieces:  # every prefix shown is a prefix of the text, in whole characters
+        shown += p
+        assert TEXT.startswith(shown)
+
+
+def test_stream_holds_back_an_unfinished_character_until_its_last_byte(bpe_tokenizer):
+    tok = bpe_tokenizer
+    ch = next(c for c in TEXT if len(tok.encode(c)) > 1)
+    ids = tok.encode(ch)
+    assert list(stream_decode(tok, ids)) == [""] * (len(ids) - 1) + [ch]
+
+
+def test_an_unfinished_character_at_the_end_becomes_one_replacement(bpe_tokenizer):
+    tok = bpe_tokenizer
+    ch = next(c for c in TEXT if len(tok.encode(c)) > 1)
+    ids = tok.encode("春" + ch)[:-1]  # the last character's final token is missing
+    text = "".join(stream_decode(tok, ids))
+    assert text == tok.decode(ids)
+    assert text.endswith(REPLACEMENT) and text.count(REPLACEMENT) == 1
+
+
+def test_48_sampled_tokens_stream_to_their_decode(shipped_bpe):
+    model, tok = shipped_bpe
+    out = generate(model, torch.tensor([[tok.eos_id]]), 48, temperature=1.0,
+                   generator=torch.Generator().manual_seed(1337))
+    ids = out.new_tokens[0].tolist()
+    assert len(ids) == 48
+    text = "".join(stream_decode(tok, ids))
+    print("\n" + text.replace("\n", "⏎"))
+    assert text == tok.decode(ids)
+    assert text == "".join(stream_decode(tok, out.new_tokens[0]))  # a tensor streams the same
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(0, 511), max_size=40))
+@example(ids=[0xFF, 0xFE])            # bytes that never occur in UTF-8
+@example(ids=[0xE6, 0x98])            # a character cut short at the end
+@example(ids=[0xE6, 0x41, 0x98, 511])  # a character interrupted by ASCII, then the separator
+@example(ids=[0x98, 0xE6, 0x98, 0xA5])  # a stray continuation byte, then 春 byte by byte
+def test_any_ids_stream_to_their_decode(bpe_tokenizer, ids):
+    """Random ids are often invalid UTF-8: the replacements must match decode's too."""
+    assert bpe_tokenizer.vocab_size == 512
+    assert "".join(stream_decode(bpe_tokenizer, ids)) == bpe_tokenizer.decode(ids)

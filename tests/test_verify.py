@@ -1,0 +1,215 @@
+"""Cached decoding equals recomputation, and the check catches the classic cache bugs.
+
+Each bug is injected through ``verify_cache(..., decoder=factory)``: ``generate`` calls
+``factory(model, batch_size, max_len)`` and then the decoder it returns as
+``dec(idx, key_mask=None, position_ids=None) -> (B, V)`` (the last position's logits), so a test can
+run the real model over a deliberately broken cache.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kvlib.model
+from kvlib.generate import pad_prompts, position_ids_from_mask
+from kvlib.model import KVCache
+from kvlib.verify import check_batch_consistency, verify_cache
+
+BUG_STEPS = 16  # enough decode steps to show a bug, few enough that a bug that inflates length still fits
+DECODERS = pytest.mark.parametrize("decoder", [None, "model"], ids=["default decoder", "model decoder"])
+
+
+class ModelDecoder:
+    """The model's cached forward over ``cache``, returning the last position's logits."""
+
+    def __init__(self, model, cache: KVCache):
+        self.model = model
+        self.cache = cache
+
+    def __call__(self, idx, key_mask=None, position_ids=None):
+        logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids)
+        return logits[:, -1]
+
+
+class OffByOneCache(KVCache):
+    """Bug (a): ``length`` moves one slot too far, so every chunk is written one position late."""
+
+    def advance(self, n):
+        self.length += n + 1
+
+
+class AdvancedPerLayerCache(KVCache):
+    """Bug (b): every layer moves ``length`` on, so one forward advances it n_layer times."""
+
+    def advance(self, n):
+        self.length += n * self.k.shape[0]
+
+
+class WriteAdvancesCache(KVCache):
+    """Bug (b), written the way it usually is: ``write`` advances, ``advance`` does nothing."""
+
+    def write(self, layer, k, v):
+        keys_values = super().write(layer, k, v)
+        self.length += k.shape[2]
+        return keys_values
+
+    def advance(self, n):
+        pass
+
+
+class PositionsFromZero(ModelDecoder):
+    """Bug (c): each chunk's positions start at 0 instead of at ``cache.length``."""
+
+    def __call__(self, idx, key_mask=None, position_ids=None):
+        B, T = idx.shape
+        return super().__call__(idx, key_mask, torch.arange(T).expand(B, T))
+
+
+def over(cache_class, decoder_class=None):
+    """A decoder factory: the model's cached forward over a ``cache_class`` cache."""
+    decoder_class = decoder_class or ModelDecoder
+
+    def factory(model, batch_size, max_len):
+        return decoder_class(model, cache_class(model.config, batch_size, max_len))
+    return factory
+
+
+def top_left_causal_mask(T, S, device=None):
+    """Bug (d): what ``is_causal=True`` means when T < S: query i sees keys 0..i, not the newest ones."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril()
+
+
+def poem_prompt(tok, text: str = "床前明月光，") -> torch.Tensor:
+    return torch.tensor([[tok.eos_id] + tok.encode(text)])
+
+
+def random_prompt(length: int = 7) -> torch.Tensor:
+    return torch.randint(0, 7497, (1, length), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(params=["random", "shipped char"])
+def model_and_prompt(request):
+    if request.param == "random":
+        return request.getfixturevalue("random_gpt"), random_prompt()
+    model, tok = request.getfixturevalue("shipped_char")
+    return model, poem_prompt(tok)
+
+
+# ---- The cache changes nothing -----------------------------------------------------------------
+
+@DECODERS
+def test_64_steps_on_the_shipped_char_model_pass(shipped_char, decoder):
+    model, tok = shipped_char
+    report = verify_cache(model, poem_prompt(tok), 64, decoder=decoder)
+    print(f"\nmax |cached - recomputed| = {report.max_abs_logit_diff:.2e}; per 16 steps: "
+          f"{['%.1e' % d for d in report.chunk_maxima]}; min margin {min(report.margins):.3f}")
+    print("greedy continuation:", tok.decode(report.tokens).replace("\n", "⏎"))
+    assert report.passed
+    assert report.max_abs_logit_diff <= 1e-4
+    assert report.tokens_equal and report.first_divergence is None
+    assert len(report.tokens) == len(report.step_diffs) == len(report.margins) == 64
+    assert len(report.chunk_maxima) == 4
+    assert report.chunk_maxima == [max(report.step_diffs[i:i + 16]) for i in range(0, 64, 16)]
+    assert all(m >= 0 for m in report.margins)
+
+
+@DECODERS
+def test_64_steps_on_a_random_model_pass(random_gpt, decoder):
+    report = verify_cache(random_gpt, random_prompt(), 64, decoder=decoder)
+    assert report.passed
+    assert report.max_abs_logit_diff <= 1e-4
+    assert len(report.tokens) == 64 and len(report.chunk_maxima) == 4
+
+
+def test_a_correct_hand_made_decoder_passes(model_and_prompt):
+    """The control for the bug tests below: the same decoder over a plain KVCache is fine."""
+    model, idx = model_and_prompt
+    report = verify_cache(model, idx, BUG_STEPS, decoder=over(KVCache))
+    assert report.passed and report.max_abs_logit_diff <= 1e-4
+
+
+def test_verify_cache_checks_its_arguments(random_gpt):
+    with pytest.raises(ValueError, match=r"\(1, P\)"):
+        verify_cache(random_gpt, random_prompt().repeat(2, 1), 4)
+    with pytest.raises(ValueError, match="steps"):
+        verify_cache(random_gpt, random_prompt(), 0)
+    with pytest.raises(ValueError, match="steps"):
+        verify_cache(random_gpt, random_prompt(), 128 - 7 + 2)
+
+
+# ---- Injected bugs are caught ------------------------------------------------------------------
+
+def assert_caught(report):
+    print(f"\nmax |cached - recomputed| = {report.max_abs_logit_diff:.3g}, first divergence "
+          f"{report.first_divergence}")
+    assert not report.passed
+    assert report.max_abs_logit_diff > 1e-3
+
+
+@pytest.mark.parametrize("cache_class", [OffByOneCache, AdvancedPerLayerCache],
+                         ids=["off-by-one length", "length advanced per layer"])
+def test_a_cache_whose_length_is_wrong_is_caught(model_and_prompt, cache_class):
+    model, idx = model_and_prompt
+    assert_caught(verify_cache(model, idx, BUG_STEPS, decoder=over(cache_class)))
+
+
+def test_a_cache_that_advances_inside_each_layer_cannot_pass_silently(random_gpt):
+    """Layer 1 then reads twice the keys the mask was built for: a loud error, never a pass."""
+    with pytest.raises((RuntimeError, ValueError)):
+        verify_cache(random_gpt, random_prompt(), BUG_STEPS, decoder=over(WriteAdvancesCache))
+
+
+def test_positions_that_restart_at_zero_are_caught(model_and_prompt):
+    model, idx = model_and_prompt
+    assert_caught(verify_cache(model, idx, BUG_STEPS, decoder=over(KVCache, PositionsFromZero)))
+
+
+def test_the_top_left_causal_mask_is_caught(model_and_prompt, monkeypatch):
+    model, idx = model_and_prompt
+    monkeypatch.setattr(kvlib.model, "causal_mask", top_left_causal_mask)
+    assert_caught(verify_cache(model, idx, BUG_STEPS, decoder=over(KVCache)))
+
+
+# ---- Batches ----------------------------------------------------------------------------------
+
+@DECODERS
+def test_three_prompts_of_different_lengths_agree_batched_and_single(shipped_char, decoder):
+    model, tok = shipped_char
+    prompts = [[tok.eos_id] + tok.encode(t) for t in ("春风", "大漠孤烟直", "床前明月光，疑是地上")]
+    result = check_batch_consistency(model, prompts, 24, decoder=decoder)
+    print(f"\nbatched vs single: max |logit diff| = {result['max_abs_logit_diff']:.2e}")
+    assert [r["prompt_length"] for r in result["rows"]] == [3, 6, 11]
+    assert all(r["batch_equals_single"] and r["cached_equals_uncached"] for r in result["rows"])
+    assert result["consistent"]
+    assert result["max_abs_logit_diff"] <= 1e-4
+
+
+@DECODERS
+def test_a_random_model_agrees_batched_and_single(random_gpt, decoder):
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 7497, (n,), generator=g).tolist() for n in (2, 9, 5)]
+    result = check_batch_consistency(random_gpt, prompts, 12, decoder=decoder)
+    assert result["consistent"]
+    assert result["max_abs_logit_diff"] <= 1e-4
+
+
+def test_arange_positions_give_the_padded_row_a_wrong_distribution(shipped_char):
+    """Positions must count real tokens: the padded row's positions start at its first real token."""
+    model, tok = shipped_char
+    long = [tok.eos_id] + tok.encode("床前明月光，疑是地上霜。")
+    short = [tok.eos_id] + tok.encode("春风")
+    idx, mask = pad_prompts([long, short])
+    B, T = idx.shape
+    with torch.no_grad():
+        alone = F.log_softmax(model(torch.tensor([short]))[0][0, -1], -1)
+        right, _ = model(idx, key_mask=mask, position_ids=position_ids_from_mask(mask))
+        wrong, _ = model(idx, key_mask=mask, position_ids=torch.arange(T).expand(B, T))
+    right_diff = (F.log_softmax(right[1, -1], -1) - alone).abs().max().item()
+    wrong_diff = (F.log_softmax(wrong[1, -1], -1) - alone).abs().max().item()
+    print(f"\npadded row vs alone, max |log-prob diff|: mask-derived positions {right_diff:.2e} nats, "
+          f"arange positions {wrong_diff:.3f} nats")
+    assert right_diff <= 1e-4
+    assert wrong_diff > 0.1
+    # The unpadded row is the same either way: for it both position schemes coincide.
+    torch.testing.assert_close(right[0], wrong[0])

@@ -83,7 +83,8 @@ def check_batch_consistency(model: GPT, prompts: list[list[int]], steps: int, *,
     for b, p in enumerate(prompts):
         single_logits = []
         one = torch.tensor([p])
-        single = generate(model, one, steps, temperature=0.0, logits_hook=_record_logits(single_logits))
+        single = generate(model, one, steps, temperature=0.0, logits_hook=_record_logits(single_logits),
+                          decoder=decoder)
         plain = generate_uncached(model, one, steps, block_size=model.config.block_size, temperature=0.0)
         n = min(len(single_logits), batch_logits.shape[1])
         diff = (torch.cat(single_logits)[:n] - batch_logits[b, :n]).abs().max().item()

@@ -1,0 +1,303 @@
+"""What a KV cache costs in memory, for our model and for real model shapes.
+
+A cache stores one key and one value per layer, key/value head, position and channel::
+
+    bytes = 2 (k, v) x layers x kv_heads x head_dim x dtype_bytes x tokens x batch
+
+Models with grouped-query attention (GQA) share each key/value head among several query heads,
+so ``kv_heads`` is smaller than the number of query heads and the cache shrinks by that factor.
+Parameter counts are computed from each model's published configuration (the tests pin them to
+the published totals), so the weight sizes below follow from the same shapes as the cache sizes.
+
+Sizes use decimal units: 1 MB = 10^6 bytes, 1 GB = 10^9 bytes; KiB (1,024 bytes) only per token.
+
+:class:`GrowingKVCache` is the simple cache that grows by ``torch.cat`` every step; it plugs into
+the real model in place of :class:`~kvlib.model.KVCache` and counts the bytes it copies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+MB, GB = 10**6, 10**9
+
+
+# ---- parameter counts from configurations ---------------------------------------------------
+
+def gpt2_params(n_layer: int, n_embd: int, vocab_size: int = 50257, block_size: int = 1024) -> int:
+    """Parameters of a GPT-2-layout model (ours too): tied embeddings, biases, LayerNorm with bias.
+
+    Per block: fused qkv (3C x C + 3C), projection (C x C + C), MLP (4C x C + 4C, C x 4C + C), two
+    LayerNorms (2 x 2C): 12 C^2 + 13 C. Plus token and position embeddings and the final LayerNorm.
+    """
+    block = 12 * n_embd**2 + 13 * n_embd
+    return vocab_size * n_embd + block_size * n_embd + n_layer * block + 2 * n_embd
+
+
+def llama_params(n_layer: int, d_model: int, n_head: int, n_kv_head: int, ffn: int, vocab_size: int, *,
+                 head_dim: int | None = None, tied: bool = False, qkv_bias: bool = False) -> int:
+    """Parameters of a Llama-layout decoder: RMSNorm (weight only), gated MLP, no biases except
+    optional ones on q, k, v (Qwen2), rotary positions (no position table), untied or tied head."""
+    head_dim = head_dim or d_model // n_head
+    q, kv = n_head * head_dim, n_kv_head * head_dim
+    attn = d_model * q + 2 * d_model * kv + q * d_model + (q + 2 * kv if qkv_bias else 0)
+    mlp = 3 * d_model * ffn  # gate, up, down
+    per_layer = attn + mlp + 2 * d_model  # two RMSNorm weights
+    head = 0 if tied else vocab_size * d_model
+    return vocab_size * d_model + n_layer * per_layer + d_model + head
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers that decide a model's KV-cache size, and its parameter count for comparison."""
+
+    name: str
+    n_layer: int
+    n_head: int      # query heads
+    n_kv_head: int   # key/value heads; equal to n_head without grouped-query attention
+    head_dim: int
+    n_params: int
+    context: int     # the context length it was trained for
+
+    @property
+    def attention(self) -> str:
+        g = self.n_head // self.n_kv_head
+        return "MHA" if g == 1 else f"GQA {g}:1"
+
+    def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
+
+    def kv_cache_bytes(self, tokens: int | None = None, batch: int = 1, dtype: str = "bfloat16") -> int:
+        tokens = self.context if tokens is None else tokens
+        _check_positive(tokens=tokens, batch=batch)
+        return self.kv_bytes_per_token(dtype) * tokens * batch
+
+    def weight_bytes(self, dtype: str = "bfloat16") -> int:
+        return self.n_params * dtype_bytes(dtype)
+
+    def crossover_batch(self, tokens: int | None = None, dtype: str = "bfloat16") -> int:
+        """The smallest batch whose cache (``tokens`` each) takes more bytes than the weights."""
+        per_sequence = self.kv_cache_bytes(tokens, 1, dtype)
+        return self.weight_bytes(dtype) // per_sequence + 1
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    return DTYPE_BYTES[dtype]
+
+
+def _check_positive(**values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
+    return ModelShape(name, n_layer, n_head, n_head, n_embd // n_head, gpt2_params(n_layer, n_embd), 1024)
+
+
+def shape_of(name: str, config) -> ModelShape:
+    """The shape of one of our models from its ``GPTConfig``."""
+    return ModelShape(name, config.n_layer, config.n_head, config.n_head, config.head_size,
+                      gpt2_params(config.n_layer, config.n_embd, config.vocab_size, config.block_size),
+                      config.block_size)
+
+
+SHAPES: dict[str, ModelShape] = {s.name: s for s in [
+    gpt2_shape("GPT-2 small", 12, 768, 12),
+    gpt2_shape("GPT-2 medium", 24, 1024, 16),
+    gpt2_shape("GPT-2 large", 36, 1280, 20),
+    gpt2_shape("GPT-2 XL", 48, 1600, 25),
+    ModelShape("Llama 2 7B", 32, 32, 32, 128, llama_params(32, 4096, 32, 32, 11008, 32000), 4096),
+    ModelShape("Llama 3.2 1B", 16, 32, 8, 64, llama_params(16, 2048, 32, 8, 8192, 128256, tied=True), 131072),
+    ModelShape("Llama 3 8B", 32, 32, 8, 128, llama_params(32, 4096, 32, 8, 14336, 128256), 8192),
+    ModelShape("Qwen2.5 7B", 28, 28, 4, 128, llama_params(28, 3584, 28, 4, 18944, 152064, qkv_bias=True), 32768),
+    ModelShape("Llama 3 70B", 80, 64, 8, 128, llama_params(80, 8192, 64, 8, 28672, 128256), 8192),
+]}
+
+
+# ---- tables and text ------------------------------------------------------------------------
+
+def table_rows(shapes=None, dtype: str = "bfloat16", tokens: int | None = None) -> list[dict]:
+    """One dict per model: the cache per token and per full sequence, weights, and the crossover batch."""
+    rows = []
+    for s in (shapes or SHAPES.values()):
+        n = s.context if tokens is None else tokens
+        rows.append({"model": s.name, "attention": s.attention, "layers": s.n_layer,
+                     "heads (q/kv)": f"{s.n_head}/{s.n_kv_head}", "head dim": s.head_dim,
+                     "params": s.n_params, "weights MB": s.weight_bytes(dtype) / MB,
+                     "KiB per token": s.kv_bytes_per_token(dtype) / 1024, "tokens": n,
+                     "cache MB": s.kv_cache_bytes(n, 1, dtype) / MB,
+                     "cache > weights at batch": s.crossover_batch(n, dtype)})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A fixed-width text table of :func:`table_rows` (what the notebook prints)."""
+    head = (f"{'model':<13} {'attention':<9} {'layers':>6} {'q/kv':>6} {'d':>4} {'params':>14} "
+            f"{'weights':>10} {'KiB/token':>9} {'tokens':>7} {'cache/seq':>10} {'batch':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['model']:<13} {r['attention']:<9} {r['layers']:>6} {r['heads (q/kv)']:>6} "
+                     f"{r['head dim']:>4} {r['params']:>14,} {_size(r['weights MB'] * MB):>10} "
+                     f"{r['KiB per token']:>9,.0f} {r['tokens']:>7,} {_size(r['cache MB'] * MB):>10} "
+                     f"{r['cache > weights at batch']:>6,}")
+    return "\n".join(lines)
+
+
+def _size(n_bytes: float) -> str:
+    if n_bytes >= GB:
+        return f"{n_bytes / GB:,.1f} GB"
+    if n_bytes >= MB:
+        return f"{n_bytes / MB:,.1f} MB"
+    return f"{n_bytes / 1024:,.0f} KiB"
+
+
+def describe(shape: ModelShape, batch: int = 1, tokens: int | None = None, dtype: str = "bfloat16") -> str:
+    """One paragraph: the cache for ``batch`` sequences of ``tokens``, against the weights."""
+    tokens = shape.context if tokens is None else tokens
+    cache, weights = shape.kv_cache_bytes(tokens, batch, dtype), shape.weight_bytes(dtype)
+    per_token = shape.kv_bytes_per_token(dtype)
+    return (f"{shape.name}, {dtype}, batch {batch:,} x {tokens:,} tokens: KV cache {cache / GB:,.3f} GB "
+            f"(2 x {shape.n_layer} layers x {shape.n_kv_head} kv heads x {shape.head_dim} x "
+            f"{dtype_bytes(dtype)} bytes = {per_token:,} bytes per token), weights {weights / GB:,.3f} GB, "
+            f"together {(cache + weights) / GB:,.3f} GB. The cache is {cache / weights:.2f}x the weights; "
+            f"it overtakes them from batch {shape.crossover_batch(tokens, dtype):,}.")
+
+
+# ---- a growing cache, for comparison with the static one ------------------------------------------
+
+class GrowingKVCache:
+    """Keys and values kept as one growing tensor per layer, extended with ``torch.cat`` each step.
+
+    It offers what the model reads from a cache (``length``, ``max_len``, ``write``, ``advance``), so
+    ``model(idx, cache=GrowingKVCache(config))`` runs the real model. Every ``torch.cat`` copies all
+    the keys so far into a new tensor: ``bytes_copied`` counts that traffic, which grows with the
+    square of the length, while the static cache writes each position once.
+    """
+
+    def __init__(self, config, batch_size: int = 1, max_len: int | None = None):
+        self.max_len = config.block_size if max_len is None else max_len
+        self.n_layer = config.n_layer
+        self.reset()
+
+    def reset(self) -> None:
+        self.k: list[torch.Tensor | None] = [None] * self.n_layer
+        self.v: list[torch.Tensor | None] = [None] * self.n_layer
+        self.length = 0
+        self.bytes_copied = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.k[layer] is None:
+            self.k[layer], self.v[layer] = k, v
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # (B, H, S, D), a fresh copy
+            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
+        self.bytes_copied += self.k[layer].nbytes + self.v[layer].nbytes
+        return self.k[layer], self.v[layer]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v if t is not None)
+
+
+def cat_bytes_copied(bytes_per_token: int, tokens: int) -> int:
+    """Bytes a growing cache copies when ``tokens`` positions arrive one at a time: 1 + 2 + ... + n."""
+    return bytes_per_token * tokens * (tokens + 1) // 2
+
+
+# ---- a picture and a calculator ---------------------------------------------------------------
+
+def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, highlight: str = "GPT-2 small"):
+    """Left: cache against batch for one model at its context, with its weights as a line.
+    Right: KV-cache bytes per token for every model (MHA against GQA)."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from . import plots
+
+    shapes = list(shapes or SHAPES.values())
+    main = next(s for s in shapes if s.name == highlight)
+    fig = Figure(figsize=(13, 5), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.15])
+    batches = np.arange(1, max_batch + 1)
+    cache_mb = [main.kv_cache_bytes(None, int(b), dtype) / MB for b in batches]
+    cross = main.crossover_batch(None, dtype)
+    ax.plot(batches, cache_mb, "-", color=plots.HIGHLIGHT_COLOR, lw=2.5, label="KV cache")
+    ax.axhline(main.weight_bytes(dtype) / MB, color="tab:blue", lw=2, ls="--",
+               label=f"weights ({main.weight_bytes(dtype) / MB:.0f} MB)")
+    ax.plot([cross], [main.kv_cache_bytes(None, cross, dtype) / MB], "o", color="black", ms=8)
+    ax.annotate(f"batch {cross}: the cache passes the weights", (cross, main.kv_cache_bytes(None, cross, dtype) / MB),
+                xytext=(12, -24), textcoords="offset points", fontsize=plots.FONT_SIZE - 1)
+    ax.set_xlabel("batch (sequences)")
+    ax.set_ylabel("MB")
+    ax.set_title(f"{main.name}, {dtype}, {main.context:,} tokens each")
+    ax.set_xlim(0, max_batch)
+    ax.set_ylim(0, max(cache_mb) * 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+
+    per_token = [s.kv_bytes_per_token(dtype) / 1024 for s in shapes]
+    colors = ["#8fb3d9" if s.n_kv_head == s.n_head else plots.HIGHLIGHT_COLOR for s in shapes]
+    y = np.arange(len(shapes))
+    bars = ax2.barh(y, per_token, color=colors)
+    ax2.bar_label(bars, labels=[f"{v:,.0f} KiB  ({s.attention})" for v, s in zip(per_token, shapes)],
+                  padding=3, fontsize=plots.FONT_SIZE - 2)
+    ax2.set_yticks(y, [s.name for s in shapes])
+    ax2.invert_yaxis()
+    ax2.set_xlim(0, max(per_token) * 1.45)
+    ax2.set_xlabel(f"KV cache per token, {dtype} (KiB)")
+    ax2.set_title("blue: every head has its own k, v; orange: grouped-query")
+    ax2.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+class MemoryCalculator:
+    """Model, batch, context and dtype in; cache and weight sizes out (``widget`` to display).
+
+    ``text()`` gives the current answer as plain text, so the calculator works without a browser.
+    """
+
+    CONTEXTS = [2**i for i in range(7, 18)]  # 128 ... 131,072
+
+    def __init__(self, model: str = "GPT-2 small", batch: int = 7, tokens: int = 1024, dtype: str = "bfloat16",
+                 extra: dict[str, ModelShape] | None = None):
+        import ipywidgets as w
+
+        self.shapes = {**(extra or {}), **SHAPES}
+        self.model = w.Dropdown(options=list(self.shapes), value=model, description="model")
+        self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=True)
+        self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context")
+        self.dtype = w.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="dtype")
+        self.output = w.HTML()
+        for control in (self.model, self.batch, self.tokens, self.dtype):
+            control.observe(lambda _: self._refresh(), names="value")
+        self.widget = w.VBox([w.HBox([self.model, self.dtype]), w.HBox([self.batch, self.tokens]), self.output])
+        self._refresh()
+
+    def show(self) -> None:
+        """The live widget, then its current answer as plain text (for readers without a kernel)."""
+        from IPython.display import display
+
+        display(self.widget)
+        print(self.text())
+
+    def text(self) -> str:
+        shape = self.shapes[self.model.value]
+        return describe(shape, self.batch.value, self.tokens.value, self.dtype.value)
+
+    def _refresh(self) -> None:
+        shape = self.shapes[self.model.value]
+        note = ""
+        if self.tokens.value > shape.context:
+            note = f" (longer than the {shape.context:,} tokens {shape.name} was trained for)"
+        self.output.value = f"<p style='font-size:16px'>{self.text()}{note}</p>"
+

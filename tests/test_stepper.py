@@ -1,0 +1,220 @@
+"""The step-through cache widget's logic: tokens, cache contents and attention weights are the model's."""
+from __future__ import annotations
+
+import io
+import math
+import warnings
+
+import pytest
+import torch
+
+from kvlib.generate import generate
+from kvlib.model import CacheOverflowError
+from kvlib.sampling import probabilities
+from kvlib.stepper import CacheStepper, StepperWidget, draw, token_label
+from kvlib.tokenizer import CharTokenizer
+
+CHARS = ("春风白日依山尽黄河入海流床前明月光疑是地上霜举头望低思故乡，。花落知多少夜来雨声"
+         "处鸟啼眠不觉晓天人云水中千万里秋江寒雪孤舟松石")
+
+
+@pytest.fixture(scope="module")
+def tok() -> CharTokenizer:
+    """64 ids, the size of the ``tiny_gpt`` fixture's vocabulary."""
+    chars = list(dict.fromkeys(CHARS))
+    assert len(chars) >= 62
+    return CharTokenizer(["\n", "<unk>", *chars[:62]])
+
+
+def full_attention(model, tokens):
+    """Per layer, the last token's attention weights and output, from one uncached forward (hooks)."""
+    qkv, outputs = {}, {}
+    blocks = model.transformer.h
+    handles = []
+    for i, b in enumerate(blocks):
+        handles.append(b.attn.c_attn.register_forward_hook(lambda m, a, out, i=i: qkv.__setitem__(i, out)))
+        handles.append(b.attn.c_proj.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, a[0])))
+    with torch.no_grad():
+        model(torch.tensor([tokens]))
+    for h in handles:
+        h.remove()
+    H, D = model.config.n_head, model.config.head_size
+    C = H * D
+    weights = []
+    for i in range(len(blocks)):
+        q, k, _ = qkv[i][0].split(C, dim=-1)                        # (T, C) each
+        q = q.view(-1, H, D).transpose(0, 1)                         # (H, T, D)
+        k = k.view(-1, H, D).transpose(0, 1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(D)                # (H, T, T)
+        T = scores.shape[-1]
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        weights.append(scores.softmax(-1)[:, -1])                    # (H, T): the last query's row
+    return torch.stack(weights), [outputs[i][0, -1] for i in range(len(blocks))]
+
+
+def test_prefill_writes_the_prompt_in_every_layer(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "床前明月光", temperature=0.0)
+    assert s.tokens == [tok.eos_id, *tok.encode("床前明月光")]
+    view = s.view()
+    assert view.cache_length == s.cache.length == 6 and view.step == 0 and view.chosen is None
+    assert view.filled.shape == (tiny_gpt.config.n_layer, tiny_gpt.config.block_size)
+    assert view.filled[:, :6].all() and not view.filled[:, 6:].any()
+    assert view.attention.shape == (tiny_gpt.config.n_layer, tiny_gpt.config.n_head, 6)
+    assert view.query_position == 5
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (0.8, None, None), (1.2, 5, 0.9)])
+def test_steps_give_the_tokens_generate_gives(tiny_gpt, tok, temperature, top_k, top_p):
+    s = CacheStepper(tiny_gpt, tok, "白日", temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    chosen = s.run(9)
+    idx = torch.tensor([s.prompt_ids])
+    ref = generate(tiny_gpt, idx, 9, temperature=temperature, top_k=top_k, top_p=top_p,
+                   generator=torch.Generator().manual_seed(7), decoder="model")
+    assert chosen == ref.new_tokens[0].tolist()
+    assert s.tokens == ref.tokens[0].tolist()
+    assert s.text() == tok.decode(ref.tokens[0, 1:])
+
+
+def test_attention_is_the_models_attention(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "春风", temperature=0.9, seed=3)
+    for n in range(6):
+        expected, outputs = full_attention(tiny_gpt, s.tokens)
+        view = s.view()
+        torch.testing.assert_close(view.attention, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(view.attention.sum(-1), torch.ones(view.attention.shape[:2]))
+        # Weights times the cached values give what the attention layer passed to its projection.
+        S = s.cache.length
+        for layer, out in enumerate(outputs):
+            y = view.attention[layer][:, None, :] @ s.cache.v[layer, 0, :, :S]  # (H, 1, D)
+            torch.testing.assert_close(y.reshape(-1), out, atol=1e-5, rtol=0)
+        assert view.query_position == S - 1 == len(s.tokens) - 1
+        s.step()
+
+
+def test_bars_show_the_distribution_the_token_came_from(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "春", temperature=1.0, top=10, seed=0)
+    upcoming = probabilities(s.logits, 1.0)[0]
+    before = s.view()
+    assert before.top_probs == pytest.approx(upcoming.topk(10).values.tolist())
+    chosen = s.step()
+    view = s.view()
+    assert view.chosen == chosen and view.chosen_label == tok.decode([chosen])
+    assert view.top_probs[:10] == pytest.approx(before.top_probs)
+    assert view.top_probs[:10] == sorted(view.top_probs[:10], reverse=True)
+    assert view.chosen_label in view.top_labels  # appended after the ten when drawn from the tail
+    assert len(view.top_labels) == (10 if chosen in upcoming.topk(10).indices.tolist() else 11)
+
+
+def test_greedy_bars_are_the_plain_softmax_and_the_choice_is_its_top(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "月", temperature=0.0)
+    plain = probabilities(s.logits)[0]
+    s.step()
+    view = s.view()
+    assert view.top_probs[0] == pytest.approx(float(plain.max())) and view.top_probs[0] < 1
+    assert view.chosen == int(plain.argmax()) and view.top_labels[0] == view.chosen_label
+
+
+def test_full_cache_stops_stepping(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "白日依山尽", temperature=0.0, max_len=9)
+    assert len(s.run(50)) == 3 and not s.can_step
+    assert s.view().filled.all()
+    with pytest.raises(CacheOverflowError, match="full"):
+        s.step()
+    with pytest.raises(CacheOverflowError):
+        CacheStepper(tiny_gpt, tok, "白日依山尽黄河入海流", max_len=8)
+
+
+def test_reset_repeats_and_global_rng_is_untouched(tiny_gpt, tok):
+    state = torch.get_rng_state()
+    s = CacheStepper(tiny_gpt, tok, "", temperature=1.0, seed=11)
+    first = s.run(8)
+    s.reset()
+    assert s.steps == 0 and s.cache.length == 1
+    assert s.run(8) == first
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_settings_are_checked(tiny_gpt, tok):
+    with pytest.raises(ValueError):
+        CacheStepper(tiny_gpt, tok, "春", temperature=-1)
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        CacheStepper(tiny_gpt, tok, "猫")
+
+
+def test_figure_draws_without_missing_glyphs(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "床前明月光", temperature=0.8)
+    s.run(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = s.figure()
+        png = s.png()
+        long = draw(s.view(), max_labels=4)  # too many positions for character labels: numbers instead
+        long.savefig(io.BytesIO(), format="png")
+    assert png.startswith(b"\x89PNG") and len(fig.axes) == 4  # bars, cache, attention, colour bar
+    labels = [t.get_text() for t in fig.axes[2].get_xticklabels()]
+    assert labels == s.view().labels
+    assert [t.get_text() for t in long.axes[2].get_xticklabels()][0] == "0"
+
+
+def test_token_label_shows_partial_utf8_as_hex(bpe_tokenizer):
+    ids = bpe_tokenizer.encode("床")
+    labels = [token_label(bpe_tokenizer, i) for i in ids]
+    assert "".join(bpe_tokenizer.token_bytes(i).hex(" ") + " " for i in ids).split() == " ".join(labels).split()
+    assert token_label(bpe_tokenizer, bpe_tokenizer.eos_id) == "⏎"
+
+
+def test_widget_steps_resets_and_reports_bad_prompts(tiny_gpt, tok):
+    ui = StepperWidget(tiny_gpt, tok, "春风", temperature=0.0, dpi=30)
+    first = bytes(ui.image.value)  # ipywidgets hands the bytes back as a memoryview
+    assert first.startswith(b"\x89PNG") and ui.stepper.steps == 0
+    ui.step_button.click()
+    ui.step_button.click()
+    assert ui.stepper.steps == 2 and bytes(ui.image.value) != first
+    assert "step 2" in ui.status.value
+    ui.reset_button.click()
+    assert ui.stepper.steps == 0 and bytes(ui.image.value) == first
+    ui.temperature.value = 1.0
+    assert ui.stepper.temperature == 1.0
+    ui.prompt_box.value = "猫"
+    assert ui.stepper is None and ui.step_button.disabled and "猫" in ui.status.value
+    ui.prompt_box.value = "白日"
+    assert ui.stepper.prompt == "白日" and not ui.step_button.disabled
+    for _ in range(20):
+        ui.step_button.click()
+    assert not ui.stepper.can_step and ui.step_button.disabled and "full" in ui.status.value
+
+
+def test_notebook_plots_draw_without_missing_glyphs(tiny_gpt, tok):
+    from kvlib import plots
+    from kvlib.model import causal_mask
+    from kvlib.verify import verify_cache
+
+    report = verify_cache(tiny_gpt, torch.tensor([[0, 5, 9]]), 8, decoder="model")
+    ns = [4, 8, 16]
+    mask = torch.tensor([[0, 0, 1], [1, 1, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figs = [
+            plots.plot_token_forwards(ns, [30, 70, 170], [6, 10, 18], 3, {8: (70, 10)}),
+            plots.plot_masks({"decode": causal_mask(1, 4), "prefill": causal_mask(3, 3)},
+                             row_labels={"decode": ["3"]}, xlabel="key column"),
+            plots.plot_cache_check(report),
+            plots.plot_timing(ns, {"recompute": [3.0, 9.0, 30.0], "cached": [1.0, 2.0, 4.1]}),
+            plots.plot_token_grid([list("xx春"), list("白日尽")], mask, title="春风 ⏎"),
+        ]
+        for fig in figs:
+            fig.savefig(io.BytesIO(), format="png")
+    masks_fig = figs[1]
+    assert [ax.get_title() for ax in masks_fig.axes] == ["decode", "prefill"]
+    assert masks_fig.axes[0].get_xlabel() == "key column"
+    speedup = figs[3].axes[1].lines[0].get_ydata()
+    assert list(speedup) == pytest.approx([3.0, 4.5, 30 / 4.1])
+    grid_text = [t.get_text() for t in figs[4].axes[0].texts]
+    assert grid_text == ["pad", "pad", "春", "白", "日", "尽"]
+
+
+def test_widget_ignores_step_while_the_prompt_is_bad(tiny_gpt, tok):
+    ui = StepperWidget(tiny_gpt, tok, "春", dpi=20)
+    ui.prompt_box.value = "猫"
+    ui._step()  # a click that reaches Python although the button is disabled
+    assert ui.stepper is None and "not in the vocabulary" in ui.status.value

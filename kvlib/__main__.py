@@ -5,6 +5,9 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+from .integrity import IntegrityError
 
 
 class UsageError(Exception):
@@ -135,6 +138,9 @@ def cmd_train(args) -> None:
         cfg = TrainConfig(model=args.model, **overrides)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    state = Path(cfg.work_dir) / "state.pt"
+    if args.resume and not state.exists():
+        raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
     metrics = train(cfg, resume=args.resume)
     print(json.dumps(metrics, indent=2))
 
@@ -146,6 +152,13 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = _positive_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
@@ -175,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="validation loss per character and format score")
     p.add_argument("--model", choices=models, default="tang-char")
-    p.add_argument("--poems", type=_positive_int, default=200)
+    p.add_argument("--poems", type=_at_least_one, default=200)
     p.add_argument("--show", type=_positive_int, default=5, help="sample poems to print")
     p.set_defaults(func=cmd_evaluate)
 
@@ -205,6 +218,8 @@ def main(argv=None) -> int:
         args.func(args)
     except UsageError as e:
         parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    except IntegrityError as e:  # a missing or changed data file: not a usage error, but no traceback either
+        parser.exit(1, f"{parser.prog} {args.command}: error: {e}\n")
     return 0
 
 

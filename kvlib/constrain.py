@@ -45,6 +45,10 @@ def _one_hot(tokenizer, ch: str) -> torch.Tensor:
 
 
 def _run(model, tokenizer, schedule, **sampling) -> str:
+    block = model.config.block_size
+    if len(schedule) > block:
+        raise ValueError(f"the poem needs {len(schedule)} tokens but at most {block} fit after the poem-start "
+                         f"token in the model's block of {block}: use fewer or shorter lines")
     start = torch.tensor([[tokenizer.eos_id]])
     out = generate(model, start, len(schedule), logits_hook=schedule_hook(schedule), **sampling)
     return tokenizer.decode(out.new_tokens[0])
@@ -53,11 +57,12 @@ def _run(model, tokenizer, schedule, **sampling) -> str:
 def acrostic_schedule(tokenizer, heads: str, chars_per_line: int = 7) -> list[torch.Tensor]:
     """Head forced, then ``chars_per_line - 1`` non-punctuation tokens, then ， and 。 alternately."""
     if not isinstance(heads, str) or not heads:
-        raise ValueError("heads must be a non-empty string of Chinese characters, e.g. '春眠不觉'")
+        raise ValueError(f"heads must be a non-empty string of Chinese characters, e.g. '春眠不觉', got {heads!r}")
     if chars_per_line not in (5, 7):
         raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
     if tokenizer.kind != "char":
-        raise ValueError("acrostics need the character model (tang-char): one token per character")
+        raise ValueError(f"acrostics need the character model (tang-char): one token per character; "
+                         f"got a {tokenizer.kind!r} tokenizer")
     missing = tokenizer.unknown(heads)
     if missing:
         raise UnknownCharacterError(missing)
@@ -87,6 +92,9 @@ def quatrain_schedule(tokenizer, chars_per_line: int = 7, lines: int = 4) -> lis
     """
     if chars_per_line not in (5, 7):
         raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+    if tokenizer.kind != "char":
+        raise ValueError(f"quatrains need the character model (tang-char): one token per character; "
+                         f"got a {tokenizer.kind!r} tokenizer")
     free = ~punctuation_mask(tokenizer)
     ends = _one_hot(tokenizer, "，") | _one_hot(tokenizer, "。")
     schedule = []

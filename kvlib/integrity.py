@@ -67,7 +67,13 @@ def read_manifest(data_dir: Path = DATA_DIR) -> dict[str, dict]:
     path = Path(data_dir) / MANIFEST_NAME
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"{path} is not valid JSON ({e}); restore it with git") from None
+    if not isinstance(manifest, dict) or not all(isinstance(v, dict) and "sha256" in v for v in manifest.values()):
+        raise IntegrityError(f"{path} must map file names to {{'sha256': ..., 'bytes': ...}}; restore it with git")
+    return manifest
 
 
 def record(*paths: str | os.PathLike, data_dir: Path = DATA_DIR) -> None:

@@ -187,6 +187,9 @@ class GPT(nn.Module):
         keys seen are the cached ones plus these. ``key_mask`` (B, S) marks real (1) and padding (0)
         keys over all S = cache.length + T positions; ``position_ids`` (B, T) overrides positions.
         """
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+            got = f"{idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {got}")
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         S = start + T

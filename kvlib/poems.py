@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from .generate import GenerationResult, generate, pad_prompts
+from .generate import ContextLimitError, GenerationResult, generate, pad_prompts
 from .sampling import probabilities
 from .tokenizer import is_ideograph
 
@@ -30,14 +30,20 @@ def next_token_probs(model, tokenizer, text: str, temperature: float = 1.0) -> t
 def top_next(model, tokenizer, text: str, k: int = 8) -> list[tuple[str, float]]:
     """The ``k`` most likely next tokens after ``text`` as (text, probability), most likely first."""
     probs = next_token_probs(model, tokenizer, text)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(probs):
+        raise ValueError(f"k must be an int in [1, {len(probs)}] (the vocabulary size), got {k!r}")
     values, ids = probs.topk(k)
     return [(tokenizer.decode([i]), float(p)) for p, i in zip(values, ids.tolist())]
 
 
 def rank_of(model, tokenizer, text: str, char: str) -> tuple[int, float]:
     """(1-based rank, probability) of ``char`` as the next character after ``text``."""
+    ids = tokenizer.encode(char)
+    if len(ids) != 1:
+        raise ValueError(f"char must be exactly one token (one character for tang-char), got {char!r} "
+                         f"({len(ids)} tokens)")
     probs = next_token_probs(model, tokenizer, text)
-    (i,) = tokenizer.encode(char)
+    (i,) = ids
     return int((probs > probs[i]).sum()) + 1, float(probs[i])
 
 
@@ -46,7 +52,14 @@ def write(model, tokenizer, prompts: str | list[str] = "", max_new_tokens: int |
           seed: int | None = 1337, generator: torch.Generator | None = None,
           n: int = 1) -> list[str]:
     """Continue each prompt (``n`` samples of a single prompt) until the separator; prompt included."""
-    texts = [prompts] * n if isinstance(prompts, str) else list(prompts)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (poems per prompt) must be an int >= 1, got {n!r}")
+    if isinstance(prompts, str):
+        texts = [prompts] * n
+    elif isinstance(prompts, (list, tuple)) and all(isinstance(t, str) for t in prompts):
+        texts = list(prompts)
+    else:
+        raise TypeError(f"prompts must be a str or a list of str, got {prompts!r:.60}")
     result = write_ids(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
                        top_p=top_p, seed=seed, generator=generator)
     return [text + completion(tokenizer, result, b) for b, text in enumerate(texts)]
@@ -57,7 +70,15 @@ def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = N
     """``generate`` on a left-padded batch of text prompts, stopping at the separator."""
     if generator is None and seed is not None:
         generator = torch.Generator().manual_seed(seed)
+    if not texts:
+        raise ValueError("texts must hold at least one prompt, got an empty list")
     idx, mask = pad_prompts([encode_prompt(tokenizer, t) for t in texts], tokenizer.eos_id)
+    block = model.config.block_size
+    if idx.shape[1] > block:
+        longest = max(texts, key=len)
+        raise ContextLimitError(
+            f"the prompt {longest[:12]!r}... is {idx.shape[1] - 1} tokens long; at most {block - 1} fit "
+            f"the model's block of {block} (the poem separator takes one)")
     if max_new_tokens is None:
         max_new_tokens = model.config.block_size - idx.shape[1] + 1
     return generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .integrity import DATA_DIR, verified_path
+from .integrity import DATA_DIR, IntegrityError, verified_path
 from .model import GPT, GPTConfig
 from .tokenizer import load_tokenizer
 
@@ -18,8 +18,13 @@ def load_pretrained(name: str = "tang-char", data_dir=DATA_DIR):
     try:
         ckpt = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # a file that matches the manifest but will not unpickle as plain weights
-        raise ValueError(f"{path} is not a weights-only checkpoint: {e}") from e
-    model = GPT(GPTConfig(**ckpt["config"]))
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise IntegrityError(f"{path} cannot be loaded as a weights-only checkpoint (truncated, corrupt or "
+                             f"holding code): {first}") from e
+    if not isinstance(ckpt, dict) or not {"config", "model", "tokenizer"} <= ckpt.keys():
+        raise IntegrityError(f"{path} is not a kvlib checkpoint: expected a dict with config, model and tokenizer")
+    with torch.random.fork_rng(devices=[]):  # building the model draws initial weights: keep the global RNG
+        model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
     tokenizer = load_tokenizer(verified_path(ckpt["tokenizer"], data_dir))

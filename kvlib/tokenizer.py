@@ -48,7 +48,8 @@ class CharTokenizer:
 
     def __init__(self, itos: list[str]):
         if itos[:2] != [SEPARATOR, self.UNK]:
-            raise ValueError("a char vocabulary starts with the separator and <unk>")
+            raise ValueError(f"a char vocabulary starts with the separator and <unk> ['\\n', '<unk>'], "
+                             f"got {list(itos[:2])!r}")
         self.itos = list(itos)
         self.stoi = {s: i for i, s in enumerate(self.itos)}
         self.eos_id, self.unk_id = 0, 1

@@ -49,6 +49,21 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in TOKENIZERS:
             raise ValueError(f"model must be one of {sorted(TOKENIZERS)}, got {self.model!r}")
+        for name in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_every",
+                     "eval_batches", "save_every", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not self.work_dir:
             self.work_dir = str(ROOT / "runs" / self.model)
 
@@ -95,7 +110,20 @@ def _save_state(path: Path, state: dict) -> None:
 
 
 def train(cfg: TrainConfig, resume: bool = False, poems: list[str] | None = None, progress: bool = True) -> dict:
-    """Train (or resume) and export the model; returns the final metrics."""
+    """Train (or resume) and export the model; returns the final metrics.
+
+    Training seeds and draws from torch's global RNG and sets the thread count; both are restored
+    afterwards, so a caller's own random state is left as it was.
+    """
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return _train(cfg, resume, poems, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bool) -> dict:
     from tqdm.auto import tqdm
 
     torch.set_num_threads(cfg.threads)
@@ -108,7 +136,14 @@ def train(cfg: TrainConfig, resume: bool = False, poems: list[str] | None = None
     if resume:
         if not state_path.exists():
             raise FileNotFoundError(f"--resume: no training state at {state_path}")
-        state = torch.load(state_path, weights_only=False)
+        for stale in work_dir.glob(".*.tmp"):  # half-written files of a run that was killed mid-write
+            stale.unlink()
+        try:
+            state = torch.load(state_path, weights_only=True)  # tensors, numbers and strings only
+        except Exception as e:
+            raise RuntimeError(f"--resume: {state_path} cannot be read ({e.__class__.__name__}: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); delete it to "
+                               "start again") from e
         saved = TrainConfig(**state["config"])
         if (saved.model, saved.seed, saved.batch_size) != (cfg.model, cfg.seed, cfg.batch_size):
             raise ValueError(f"--resume: {state_path} was started with another configuration: {state['config']}")

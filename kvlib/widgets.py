@@ -94,9 +94,17 @@ class NextView:
         return plots.bar_top_k(self.chars, self.probs, title=f"「{shown}」→ ?")
 
 
+def _require_str(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str of Chinese characters, got {value!r}")
+    return value
+
+
 def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
     """The ``k`` most likely next characters after ``text``; unknown characters give a message."""
-    text = text.strip()
+    text = _require_str("text", text).strip()
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= tokenizer.vocab_size:
+        raise ValueError(f"k must be an int in [1, {tokenizer.vocab_size}] (the vocabulary size), got {k!r}")
     try:
         probs = next_token_probs(model, tokenizer, text)
     except UnknownCharacterError as err:
@@ -204,7 +212,7 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     the bars show exactly the distribution the first character was drawn from. The poem does
     not stop at the poem separator: when one poem ends, the next begins on a new line.
     """
-    prompt = prompt.strip()
+    prompt = _require_str("prompt", prompt).strip()
     top_k, top_p = _filters(top_k, top_p)
     view = ExplorerView(prompt, float(temperature), top_k, top_p, int(seed), vocab_size=tokenizer.vocab_size)
     try:
@@ -420,7 +428,7 @@ class AcrosticView:
 def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, temperature: float = 0.8,
                   seed: int = 1337) -> AcrosticView:
     """An acrostic on ``heads`` (spaces ignored), or a message saying why none can be written."""
-    heads = "".join(heads.split())
+    heads = "".join(_require_str("heads", heads).split())
     view = AcrosticView(heads, int(chars_per_line))
     if not heads:
         view.message = "Type one Chinese character for the start of each line, e.g. 春眠不觉."

@@ -5,6 +5,7 @@ import torch
 
 from .bench import compare
 from .constrain import acrostic
+from .data import count_followers, load_poems
 from .generate import generate, generate_uncached
 from .poems import top_next, write
 
@@ -15,10 +16,13 @@ OPENINGS = ["床前明月光", "大漠孤烟直", "人工智能好"]
 
 def sections(model, tok):
     """Yield the demo's lines one at a time."""
-    yield "== 1. All the model gives is probabilities: the top 8 next characters"
+    yield "== 1. All the model gives is probabilities: the top 8 characters after a piece of text"
     for text in FAMOUS:
-        bars = "  ".join(f"{ch} {100 * p:4.1f}%" for ch, p in top_next(model, tok, text, 8))
+        bars = "  ".join(f"{ch} {100 * p:4.1f}%" for ch, p in top_next(model, tok, text, 8, opening=False))
         yield f"  「{text}」→ {bars}"
+    followers = count_followers(load_poems(), "春风")
+    yield (f"  In the corpus 春风 is followed by 。 {followers['。']:,} times in {sum(followers.values()):,} "
+           f"({100 * followers['。'] / sum(followers.values()):.1f} %)")
 
     yield "\n== 2. Temperature: three poems at each temperature, one seed"
     for t in (0.3, 1.0, 1.5):

@@ -20,29 +20,36 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 
 
 @torch.inference_mode()
-def next_token_probs(model, tokenizer, text: str, temperature: float = 1.0) -> torch.Tensor:
-    """(V,) probabilities of the token after ``text``."""
-    idx = torch.tensor([encode_prompt(tokenizer, text)])
+def next_token_probs(model, tokenizer, text: str, temperature: float = 1.0, opening: bool = True) -> torch.Tensor:
+    """(V,) probabilities of the token after ``text``.
+
+    ``opening=True`` reads ``text`` as the start of a poem (after the separator); ``False`` reads
+    it as a piece from anywhere in a poem, like the corpus counts of what follows it.
+    """
+    ids = encode_prompt(tokenizer, text) if opening else tokenizer.encode(text)
+    if not ids:
+        raise ValueError("text must hold at least one character when opening=False")
+    idx = torch.tensor([ids])
     logits, _ = model(idx[:, -model.config.block_size:])
     return probabilities(logits[:, -1], temperature)[0]
 
 
-def top_next(model, tokenizer, text: str, k: int = 8) -> list[tuple[str, float]]:
+def top_next(model, tokenizer, text: str, k: int = 8, opening: bool = True) -> list[tuple[str, float]]:
     """The ``k`` most likely next tokens after ``text`` as (text, probability), most likely first."""
-    probs = next_token_probs(model, tokenizer, text)
+    probs = next_token_probs(model, tokenizer, text, opening=opening)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(probs):
         raise ValueError(f"k must be an int in [1, {len(probs)}] (the vocabulary size), got {k!r}")
     values, ids = probs.topk(k)
     return [(tokenizer.decode([i]), float(p)) for p, i in zip(values, ids.tolist())]
 
 
-def rank_of(model, tokenizer, text: str, char: str) -> tuple[int, float]:
+def rank_of(model, tokenizer, text: str, char: str, opening: bool = True) -> tuple[int, float]:
     """(1-based rank, probability) of ``char`` as the next character after ``text``."""
     ids = tokenizer.encode(char)
     if len(ids) != 1:
         raise ValueError(f"char must be exactly one token (one character for tang-char), got {char!r} "
                          f"({len(ids)} tokens)")
-    probs = next_token_probs(model, tokenizer, text)
+    probs = next_token_probs(model, tokenizer, text, opening=opening)
     (i,) = ids
     return int((probs > probs[i]).sum()) + 1, float(probs[i])
 

@@ -10,8 +10,9 @@ from typing import Callable
 
 import torch
 
+from .fast import FastDecoder
 from .model import GPT
-from .sampling import sample_next, validate_sampling
+from .sampling import _check_logits, _draw, check_generator, validate_sampling
 
 STOP_REASONS = ("max_new_tokens", "eos", "context_limit")
 
@@ -67,6 +68,27 @@ class CachedDecoder:
         return logits[:, -1]
 
 
+# What ``generate(..., decoder=...)`` accepts by name. Both build ``decoder(model, batch_size, max_len)``
+# and are then called as ``dec(idx, key_mask=None, position_ids=None) -> (B, V)`` logits of the last
+# position, keeping their own cache. "fast" (the default) is the lean path of ``fast.py``; "model" runs
+# the teaching model of ``model.py`` with its KVCache, step by step as the notebooks explain it.
+DECODERS = {"fast": FastDecoder, "model": CachedDecoder}
+
+
+def make_decoder(decoder, model: GPT, batch_size: int, max_len: int):
+    """Build a decoder from a name in ``DECODERS``, a factory ``(model, batch_size, max_len)``, or None (fast)."""
+    if decoder is None:
+        decoder = "fast"
+    if isinstance(decoder, str):
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {sorted(DECODERS)} or a factory "
+                             f"(model, batch_size, max_len) -> decoder, got {decoder!r}")
+        decoder = DECODERS[decoder]
+    elif not callable(decoder):
+        raise TypeError(f"decoder must be a name, a factory or None, got {type(decoder).__name__}")
+    return decoder(model, batch_size, max_len)
+
+
 def _check_prompt(idx, key_mask, max_new_tokens, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
         raise TypeError("idx must be an int64 tensor of shape (B, T); use pad_prompts for a list of prompts")
@@ -97,15 +119,19 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              eos_id: int | None = None, key_mask: torch.Tensor | None = None,
              on_context_limit: str = "stop", logits_hook: Callable | None = None,
-             decoder: Callable | None = None) -> GenerationResult:
+             decoder: str | Callable | None = None) -> GenerationResult:
     """Sample up to ``max_new_tokens`` after ``idx`` (B, T), prefilling the cache once.
 
     The cache holds ``block_size`` positions, so at most ``block_size - T + 1`` new tokens fit (the
     last one is never fed back). Past that: ``stop_reason="context_limit"``, or ContextLimitError
     with ``on_context_limit="raise"``. A row that samples ``eos_id`` is finished and repeats it;
     ``logits_hook(step, tokens, logits) -> logits`` may edit the (B, V) logits before sampling.
+    ``decoder`` picks the forward pass: None or "fast" (``fast.FastDecoder``), "model" (the teaching
+    model with its KVCache), or a factory ``(model, batch_size, max_len) -> decoder``; a new one is
+    built on every call, from the model's weights as they are then.
     """
-    validate_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = validate_sampling(temperature, top_k, top_p)  # once, not per step
+    check_generator(generator)
     if on_context_limit not in ("stop", "raise"):
         raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
     cfg = model.config
@@ -122,25 +148,29 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     if n_max == 0:
         return _finish(out, T, 0, lengths, "max_new_tokens", finished)
 
-    decoder = decoder or CachedDecoder(model, B, cfg.block_size)
+    dec = make_decoder(decoder, model, B, cfg.block_size)
     if key_mask is None:
-        logits = decoder(idx)  # (B, V)
+        logits = dec(idx)  # (B, V)
         masks = positions = None
     else:
         masks = torch.ones(B, cfg.block_size, dtype=torch.bool)  # preallocated key mask
         masks[:, :T] = key_mask
-        logits = decoder(idx, masks[:, :T], position_ids_from_mask(key_mask))
+        logits = dec(idx, masks[:, :T], position_ids_from_mask(key_mask))
         positions = lengths.clone()[:, None]  # (B, 1): the next real position of each row
 
     n = 0
     while True:
         if logits_hook is not None:
             logits = logits_hook(n, out[:, : T + n], logits)
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
+            _check_logits(logits)  # the model's own logits are finite; a hook's edits are checked
+        nxt = out[:, T + n: T + n + 1]  # (B, 1): the new token is written straight into the output
+        if temperature == 0:
+            torch.argmax(logits, dim=-1, keepdim=True, out=nxt)
+        else:
+            nxt.copy_(_draw(logits, temperature, top_k, top_p, generator))
         if eos_id is not None:
-            nxt = torch.where(finished[:, None], eos_id, nxt)
+            nxt.masked_fill_(finished[:, None], eos_id)  # finished rows repeat eos_id
             finished |= nxt[:, 0] == eos_id
-        out[:, T + n] = nxt[:, 0]
         n += 1
         if eos_id is not None and bool(finished.all()):
             return _finish(out, T, n, lengths, "eos", finished)
@@ -153,9 +183,9 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
                     f"block holds {cfg.block_size} positions, so at most {budget} new tokens fit")
             return _finish(out, T, n, lengths, "context_limit", finished)
         if masks is None:
-            logits = decoder(nxt)
+            logits = dec(nxt)
         else:
-            logits = decoder(nxt, masks[:, : T + n], positions)
+            logits = dec(nxt, masks[:, : T + n], positions)
             positions += 1
 
 
@@ -168,7 +198,8 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
 
     ``f(idx) -> (logits, _)`` may return logits for every position or for the last one only.
     """
-    validate_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = validate_sampling(temperature, top_k, top_p)
+    check_generator(generator)
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     lengths, _ = _check_prompt(idx, None, max_new_tokens, 1 << 62)
@@ -180,11 +211,12 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
         logits = f(out[:, max(0, T + n - block_size): T + n])[0][:, -1]  # (B, V)
         if logits_hook is not None:
             logits = logits_hook(n, out[:, : T + n], logits)
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        _check_logits(logits)  # f is any callable: its logits are checked every step
+        nxt = out[:, T + n: T + n + 1]
+        nxt.copy_(_draw(logits, temperature, top_k, top_p, generator))
         if eos_id is not None:
-            nxt = torch.where(finished[:, None], eos_id, nxt)
+            nxt.masked_fill_(finished[:, None], eos_id)
             finished |= nxt[:, 0] == eos_id
-        out[:, T + n] = nxt[:, 0]
         if eos_id is not None and bool(finished.all()):
             return _finish(out, T, n + 1, lengths, "eos", finished)
     return _finish(out, T, max_new_tokens, lengths, "max_new_tokens", finished)

@@ -14,7 +14,7 @@ import numbers
 import torch
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next",
-           "validate_sampling"]
+           "validate_sampling", "check_generator"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,17 +67,24 @@ def _check_top_p(p) -> float:
     return float(p)
 
 
-def validate_sampling(temperature=1.0, top_k=None, top_p=None) -> None:
-    """Check sampling settings once, before a decoding loop starts (same rules and messages)."""
-    _check_temperature(temperature)
-    if top_k is not None:
-        _check_top_k(top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
+def validate_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
+    """Check sampling settings once, before a decoding loop starts (same rules and messages).
+
+    Returns them as plain Python numbers, ready for the unchecked per-step path.
+    """
+    return (_check_temperature(temperature),
+            None if top_k is None else _check_top_k(top_k),
+            None if top_p is None else _check_top_p(top_p))
+
+
+def check_generator(generator) -> None:
+    """A sampling loop draws from ``generator`` (a ``torch.Generator``), or from the global RNG if None."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------
-# The three steps, unchecked (the public functions below check, then call these)
+# The steps, unchecked (the public functions below and the decoding loops check, then call these)
 # ---------------------------------------------------------------------------------------------
 
 def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -109,6 +116,27 @@ def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     drop_sorted[:, 0] = False                                              # the top token always stays
     drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
+
+
+def _probabilities(logits: torch.Tensor, temperature: float, top_k: int | None,
+                   top_p: float | None) -> torch.Tensor:
+    scores = _temperature(logits, temperature)                             # (B, V)
+    if temperature > 0:
+        if top_k is not None:
+            scores = _top_k(scores, top_k)
+        if top_p is not None:
+            scores = _top_p(scores, top_p)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+          generator: torch.Generator | None) -> torch.Tensor:
+    """``sample_next`` without its checks, for loops that validated their settings once: (B, 1)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
+    probs = _probabilities(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,18 +185,7 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     Probabilities are float32, or float64 when the logits are float64.
     """
     _check_logits(logits)
-    temperature = _check_temperature(temperature)
-    top_k = None if top_k is None else _check_top_k(top_k)
-    top_p = None if top_p is None else _check_top_p(top_p)
-
-    scores = _temperature(logits, temperature)                             # (B, V)
-    if temperature > 0:
-        if top_k is not None:
-            scores = _top_k(scores, top_k)
-        if top_p is not None:
-            scores = _top_p(scores, top_p)
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
+    return _probabilities(logits, *validate_sampling(temperature, top_k, top_p))
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -180,9 +197,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     global RNG (``torch.get_rng_state()``) is left as it was; with ``generator=None`` the draw
     uses the global RNG, as ``torch.multinomial`` does.
     """
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    probs = probabilities(logits, temperature, top_k, top_p)              # (B, V)
-    if temperature == 0:
-        return probs.argmax(dim=-1, keepdim=True)                          # (B, 1)
-    return torch.multinomial(probs, 1, generator=generator)               # (B, 1)
+    check_generator(generator)
+    _check_logits(logits)
+    return _draw(logits, *validate_sampling(temperature, top_k, top_p), generator)  # (B, 1)

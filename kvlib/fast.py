@@ -1,0 +1,202 @@
+"""The fast decode path: the teaching GPT's arithmetic, rearranged for one new token at a time.
+
+``model.py`` is written to be read. ``FastDecoder`` computes the same numbers (logits within 1e-4,
+the same greedy tokens: ``tests/test_fast.py`` checks it like ``verify_cache`` does) with far less
+overhead per token. At batch 1 a decode step is small matrix-vector products, and the time goes as
+much to calling operators as to arithmetic, so the changes are about doing fewer, cheaper calls:
+
+- activations are 2-D, (rows, C), so every linear layer is one ``addmm`` (bias included) against a
+  weight stored pre-transposed as (in, out): a single row times an (in, out) matrix is much faster
+  than ``F.linear`` against the (out, in) layout of ``nn.Linear``;
+- the two residual projections (attention out, MLP out) carry their bias as an extra weight row
+  that meets a constant 1 appended to their input, so "x + y @ W + b" is a single in-place
+  ``x.addmm_(y1, W1)``;
+- exact GELU is computed as u (1 + erf(u)) with u = a / sqrt(2): two cheap calls instead of the
+  slower GELU kernel, the two factors 1/sqrt(2) folded into the MLP's weights;
+- the cache's keys and values are the two halves of one buffer, so one ``index_copy_`` per layer
+  writes both;
+- the head multiplies by a (C, V) copy of the tied embedding;
+- every buffer and view the one-token step touches is made once, at construction.
+
+A decoder copies every weight it uses when it is built, and never looks at the model again: it is
+for inference, and after the model changes (training, ``load_state_dict``) it needs a new decoder.
+``generate`` builds a new one on every call. For the char model that takes about 3 ms here, mostly
+the transposed copies (about 7 MB), which the faster steps win back within some 30 tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .model import GPT, CacheOverflowError, attention_mask
+
+__all__ = ["FastDecoder"]
+
+SQRT_HALF = math.sqrt(0.5)
+
+
+def _copy(*params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(p.clone() for p in params)
+
+
+def _transposed(weight: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``scale`` x the (out, in) weight of an ``nn.Linear``, stored contiguous as (in, out)."""
+    w = weight.t().contiguous()  # a blocked transpose
+    return w if scale == 1.0 else w.mul_(scale)
+
+
+def _with_bias_row(linear, scale: float = 1.0) -> torch.Tensor:
+    """(in + 1, out): ``scale`` x the transposed weight, then the bias as the last row."""
+    out_features, in_features = linear.weight.shape
+    w1 = torch.empty(in_features + 1, out_features, dtype=linear.weight.dtype, device=linear.weight.device)
+    w, b = w1.split(in_features)  # views: (in, out) and (1, out)
+    w.copy_(linear.weight.t())    # a blocked transpose, unlike torch.cat of a transposed view
+    if scale != 1.0:
+        w.mul_(scale)
+    b.copy_(linear.bias)
+    return w1
+
+
+class _LayerWeights:
+    """One block's weights in the decoder's layout (see the module docstring); built in inference mode."""
+
+    __slots__ = ("ln_1", "w_qkv", "b_qkv", "w_proj1", "w_proj", "b_proj",
+                 "ln_2", "w_fc", "b_fc", "w_out1", "w_out", "b_out")
+
+    def __init__(self, block):
+        attn, mlp = block.attn, block.mlp
+        self.ln_1 = _copy(block.ln_1.weight, block.ln_1.bias)
+        self.w_qkv, self.b_qkv = _transposed(attn.c_attn.weight), attn.c_attn.bias.clone()  # (C, 3C), (3C,)
+        self.w_proj1 = _with_bias_row(attn.c_proj)                                       # (C + 1, C)
+        self.ln_2 = _copy(block.ln_2.weight, block.ln_2.bias)
+        # The MLP computes u = a / sqrt(2) for its pre-activation a, then g = u (1 + erf(u)), which
+        # is sqrt(2) GELU(a). The 1/sqrt(2) on either side goes into the weights.
+        self.w_fc, self.b_fc = _transposed(mlp.c_fc.weight, SQRT_HALF), mlp.c_fc.bias * SQRT_HALF  # (C, 4C)
+        self.w_out1 = _with_bias_row(mlp.c_proj, scale=SQRT_HALF)                        # (4C + 1, C)
+        # Views for the general path, which adds the biases itself.
+        self.w_proj, self.b_proj = self.w_proj1[:-1], self.w_proj1[-1]
+        self.w_out, self.b_out = self.w_out1[:-1], self.w_out1[-1]
+
+
+class FastDecoder:
+    """A decoder with its own cache: ``dec(idx, key_mask=None, position_ids=None) -> (B, V)``.
+
+    The same contract as ``generate.CachedDecoder``: ``idx`` (B, T) holds the new tokens, their keys
+    and values are appended to the cache, and the logits of the last position come back.
+    ``key_mask`` (B, cached + T) marks real keys (True) and left padding; ``position_ids`` (B, T)
+    overrides the positions, which otherwise continue from ``cache.length``.
+
+    One new token per row without a mask or explicit positions (unpadded decoding) takes the lean
+    step; anything else (the prefill, padded batches) takes a plain 2-D forward over the same
+    weights. Each call returns a new logits tensor; the decoder's other buffers are reused.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
+        cfg = model.config
+        cache = model.new_cache(batch_size, max_len)  # checks batch_size and max_len
+        B, H, D, C = batch_size, cfg.n_head, cfg.head_size, cfg.n_embd
+        t = model.transformer
+        like = dict(device=t.wte.weight.device, dtype=t.wte.weight.dtype)
+        self.config, self.batch_size, self.max_len = cfg, B, cache.max_len
+
+        # Keys and values in one (2, L, B, H, max_len, D) buffer; the KVCache holds its two halves.
+        self.kv = torch.zeros((2,) + tuple(cache.k.shape), **like)
+        cache.k, cache.v = self.kv[0], self.kv[1]
+        self.cache = cache
+        self._kv = self.kv.unbind(1)                                 # per layer: (2, B, H, max_len, D)
+
+        self.head = _transposed(t.wte.weight)                        # (C, V): the tied head
+        self.wte = self.head.t()                                     # (V, C): a view of it, for the inputs
+        self.wpe = t.wpe.weight.clone()                              # (block_size, C)
+        self.ln_f = _copy(t.ln_f.weight, t.ln_f.bias)
+        self.eps = t.ln_f.eps  # every LayerNorm of the model has the default eps
+        self.layers = [_LayerWeights(block) for block in t.h]
+        self.positions = torch.arange(self.max_len, device=like["device"])  # slices of it index the cache
+
+        # Buffers of the one-token step. y1 and g1 end in a column of ones (the bias inputs).
+        self._x = torch.empty(B, C, **like)                          # the residual stream
+        self._x3 = self._x.view(B, 1, C)
+        self._qkv = torch.empty(B, 3 * C, **like)
+        self._q = self._qkv[:, :C].view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+        self._new_kv = self._qkv[:, C:].view(B, 1, 2, H, D).permute(2, 0, 3, 1, 4)  # (2, B, H, 1, D)
+        self._y1 = torch.ones(B, C + 1, **like)
+        self._y = self._y1[:, :C].view(B, 1, H, D).transpose(1, 2)   # (B, H, 1, D): attention's output
+        self._u = torch.empty(B, 4 * C, **like)                      # MLP pre-activation / sqrt(2)
+        self._erf = torch.empty(B, 4 * C, **like)
+        self._g1 = torch.ones(B, 4 * C + 1, **like)
+        self._g = self._g1[:, :4 * C]
+
+    def __call__(self, idx: torch.Tensor, key_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self(idx, key_mask, position_ids)
+        B, T = idx.shape
+        start = self.cache.length
+        S = start + T
+        if B != self.batch_size:
+            raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
+        if S > self.max_len:
+            raise CacheOverflowError(
+                f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {self.max_len}")
+        if T == 1 and key_mask is None and position_ids is None:
+            return self._step(idx, start)
+        return self._forward(idx, key_mask, position_ids, start)
+
+    def _step(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
+        """One new token per row at position ``pos``, no padding: 10 + 11 per layer ATen calls (54 for 4)."""
+        shape, eps = (self.config.n_embd,), self.eps
+        at = self.positions.narrow(0, pos, 1)                        # (1,): the new token's cache slot
+        keys = self.cache.k.narrow(3, 0, pos + 1).unbind(0)          # per layer: (B, H, S, D)
+        values = self.cache.v.narrow(3, 0, pos + 1).unbind(0)
+        x, qkv, new_kv, q, y, y1, u, erf, g, g1 = (self._x, self._qkv, self._new_kv, self._q, self._y, self._y1,
+                                                   self._u, self._erf, self._g, self._g1)
+        torch.add(F.embedding(idx, self.wte), self.wpe[pos], out=self._x3)
+        # torch.layer_norm is what F.layer_norm calls, minus a Python wrapper (a microsecond a call).
+        for w, kv, k, v in zip(self.layers, self._kv, keys, values):
+            torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv, out=qkv)
+            kv.index_copy_(3, at, new_kv)                            # this token's keys and values, one copy
+            y.copy_(F.scaled_dot_product_attention(q, k, v))
+            x.addmm_(y1, w.w_proj1)                                  # x += y @ W + b
+            torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc, out=u)
+            torch.addcmul(u, u, torch.erf(u, out=erf), out=g)        # g = u (1 + erf(u))
+            x.addmm_(g1, w.w_out1)                                   # x += g @ W + b
+        self.cache.advance(1)
+        return torch.mm(torch.layer_norm(x, shape, *self.ln_f, eps), self.head)  # (B, V)
+
+    def _forward(self, idx, key_mask, position_ids, start: int) -> torch.Tensor:
+        """Any number of new tokens, with padding and explicit positions: a plain 2-D forward."""
+        cfg = self.config
+        B, T = idx.shape
+        S = start + T
+        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_size
+        if position_ids is None:
+            pos = self.wpe[start:S]                                  # (T, C)
+        else:
+            if position_ids.numel() and int(position_ids.max()) >= cfg.block_size:
+                raise CacheOverflowError(
+                    f"position id {int(position_ids.max())} is past the block size {cfg.block_size}")
+            pos = F.embedding(position_ids, self.wpe)                # (B, T, C)
+        if key_mask is not None and key_mask.shape != (B, S):
+            raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
+        x = (F.embedding(idx, self.wte) + pos).view(B * T, C)
+        # One new token sees every cached key, and a prefill into an empty cache is plain causal
+        # attention; otherwise build the model's mask (bottom-right causal, padding hidden).
+        causal = key_mask is None and start == 0 and T > 1
+        mask = None if key_mask is None and (T == 1 or start == 0) else attention_mask(T, S, key_mask, idx.device)
+        at = self.positions[start:S]
+        for w, kv in zip(self.layers, self._kv):
+            qkv = torch.addmm(w.b_qkv, F.layer_norm(x, (C,), *w.ln_1, self.eps), w.w_qkv).view(B, T, 3, H, D)
+            kv.index_copy_(3, at, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # (2, B, H, T, D)
+            q = qkv[:, :, 0].transpose(1, 2)                         # (B, H, T, D)
+            y = F.scaled_dot_product_attention(q, kv[0, :, :, :S], kv[1, :, :, :S], attn_mask=mask,
+                                               is_causal=causal)
+            x = x + torch.addmm(w.b_proj, y.transpose(1, 2).reshape(B * T, C), w.w_proj)
+            u = torch.addmm(w.b_fc, F.layer_norm(x, (C,), *w.ln_2, self.eps), w.w_fc)
+            x = x + torch.addmm(w.b_out, u * (1 + torch.erf(u)), w.w_out)
+        self.cache.advance(T)
+        last = x.view(B, T, C)[:, -1]                                # (B, C)
+        return torch.mm(F.layer_norm(last, (C,), *self.ln_f, self.eps), self.head)  # (B, V)

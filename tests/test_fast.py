@@ -1,0 +1,202 @@
+"""The fast decode path computes what the teaching model computes: logits within 1e-4, same tokens.
+
+Checked like ``verify_cache`` does, on the shipped shape with random weights and on a tiny shape,
+for one prompt and for a left-padded batch, plus the context limit and the decoder's own contract.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib.fast import FastDecoder
+from kvlib.generate import (DECODERS, CachedDecoder, ContextLimitError, generate, make_decoder, pad_prompts,
+                            position_ids_from_mask)
+from kvlib.model import GPT, CacheOverflowError, GPTConfig
+from kvlib.verify import ATOL, check_batch_consistency, verify_cache
+
+SHAPES = pytest.mark.parametrize("shape", ["shipped", "tiny"])
+SHIPPED_VOCAB = 7497
+
+
+@pytest.fixture(scope="module")
+def models(random_gpt, tiny_gpt):
+    return {"shipped": random_gpt, "tiny": tiny_gpt}
+
+
+def prompt(length: int, vocab_size: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
+    return torch.randint(vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def side_by_side(model, batch_size: int, feeds):
+    """Feed the same calls to FastDecoder and CachedDecoder; the largest logit difference."""
+    fast, plain = FastDecoder(model, batch_size), CachedDecoder(model, batch_size)
+    worst = 0.0
+    with torch.inference_mode():
+        for args in feeds:
+            worst = max(worst, max_diff(fast(*args), plain(*args)))
+    assert fast.cache.length == plain.cache.length
+    return worst
+
+
+# ---- like verify_cache: one prompt, many steps ------------------------------------------------
+
+@SHAPES
+def test_fast_path_matches_the_teaching_forward_for_one_prompt(models, shape):
+    model = models[shape]
+    block = model.config.block_size
+    P = 16 if shape == "shipped" else 4
+    report = verify_cache(model, prompt(P, model.config.vocab_size), block - P + 1, decoder="fast")
+    assert report.passed, report
+    assert report.tokens_equal
+    assert report.max_abs_logit_diff <= ATOL
+
+
+@SHAPES
+def test_fast_and_model_decoders_give_the_same_greedy_tokens(models, shape):
+    model = models[shape]
+    idx = prompt(5, model.config.vocab_size, seed=3)
+    n = min(40, model.config.block_size - 5)  # the tiny model runs to its context limit
+    fast = generate(model, idx, n, temperature=0.0)  # the default is the fast path
+    plain = generate(model, idx, n, temperature=0.0, decoder="model")
+    assert torch.equal(fast.tokens, plain.tokens)
+
+
+def test_seeded_sampling_is_the_same_on_both_decoders(tiny_gpt):
+    idx = prompt(3, 64, seed=4)
+    kw = dict(temperature=0.9, top_k=20, top_p=0.9)
+    a = generate(tiny_gpt, idx, 12, generator=torch.Generator().manual_seed(7), **kw)
+    b = generate(tiny_gpt, idx, 12, generator=torch.Generator().manual_seed(7), decoder="model", **kw)
+    assert torch.equal(a.tokens, b.tokens)
+
+
+# ---- left-padded batches ----------------------------------------------------------------------
+
+@SHAPES
+def test_left_padded_batch_of_three_matches_each_prompt_alone(models, shape):
+    model = models[shape]
+    V = model.config.vocab_size
+    prompts = [prompt(n, V, seed=n)[0].tolist() for n in (6, 2, 4)]
+    report = check_batch_consistency(model, prompts, 8, decoder="fast")
+    assert report["consistent"], report
+    assert report["max_abs_logit_diff"] <= ATOL
+
+
+@SHAPES
+def test_left_padded_batch_logits_match_the_model_decoder_step_by_step(models, shape):
+    model = models[shape]
+    idx, mask = pad_prompts([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]])
+    B, T = idx.shape
+    masks = torch.ones(B, model.config.block_size, dtype=torch.bool)
+    masks[:, :T] = mask
+    positions = mask.sum(-1, keepdim=True)
+    feeds = [(idx, masks[:, :T], position_ids_from_mask(mask))]
+    for n in range(6):
+        feeds.append((torch.full((B, 1), 11 + n), masks[:, :T + n + 1], positions + n))
+    assert side_by_side(model, B, feeds) <= ATOL
+
+
+@SHAPES
+def test_unpadded_batch_takes_the_lean_step_and_matches(models, shape):
+    model = models[shape]
+    V = model.config.vocab_size
+    feeds = [(prompt(4, V, batch=2),)] + [(prompt(1, V, seed=s, batch=2),) for s in range(6)]
+    assert side_by_side(model, 2, feeds) <= ATOL
+
+
+def test_chunks_after_a_prefill_use_the_bottom_right_causal_mask(random_gpt):
+    V = SHIPPED_VOCAB
+    feeds = [(prompt(5, V),), (prompt(3, V, seed=1),), (prompt(1, V, seed=2),), (prompt(4, V, seed=3),)]
+    assert side_by_side(random_gpt, 1, feeds) <= ATOL
+
+
+# ---- the context limit -------------------------------------------------------------------------
+
+def test_context_limit_stops_at_129_tokens_through_the_fast_path(random_gpt):
+    idx = prompt(120, SHIPPED_VOCAB)
+    out = generate(random_gpt, idx, 20, temperature=0.0, decoder="fast")
+    assert out.tokens.shape == (1, 129)
+    assert out.stop_reason == "context_limit"
+    with pytest.raises(ContextLimitError, match="at most 9 new tokens"):
+        generate(random_gpt, idx, 20, temperature=0.0, decoder="fast", on_context_limit="raise")
+
+
+def test_the_decoder_refuses_more_positions_than_its_cache(tiny_gpt):
+    dec = FastDecoder(tiny_gpt, 1, 8)
+    dec(prompt(8, 64))
+    with pytest.raises(CacheOverflowError, match="cache holds 8"):
+        dec(prompt(1, 64))
+    with pytest.raises(CacheOverflowError, match="block size"):
+        FastDecoder(tiny_gpt, 1)(prompt(2, 64), position_ids=torch.tensor([[0, 16]]))
+
+
+# ---- the decoder's contract --------------------------------------------------------------------
+
+def test_decoder_checks_batch_and_mask_shapes(tiny_gpt):
+    dec = FastDecoder(tiny_gpt, 2)
+    with pytest.raises(ValueError, match="batch_size=2"):
+        dec(prompt(3, 64))
+    with pytest.raises(ValueError, match="key_mask"):
+        dec(prompt(3, 64, batch=2), key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch_size"):
+        FastDecoder(tiny_gpt, 0)
+
+
+def test_each_call_returns_new_logits_and_works_outside_inference_mode(tiny_gpt):
+    dec = FastDecoder(tiny_gpt, 1)
+    first = dec(prompt(3, 64))  # called without inference_mode: the decoder enters it itself
+    kept = first.clone()
+    dec(prompt(1, 64, seed=1))
+    assert torch.equal(first, kept)
+    assert dec.cache.length == 4
+    assert first.shape == (1, 64)
+
+
+def test_the_cache_halves_share_one_buffer(tiny_gpt):
+    dec = FastDecoder(tiny_gpt, 1)
+    dec(prompt(5, 64))
+    plain = CachedDecoder(tiny_gpt, 1)
+    with torch.inference_mode():
+        plain(prompt(5, 64))
+    assert dec.cache.k.shape == plain.cache.k.shape
+    assert max_diff(dec.cache.k[:, :, :, :5], plain.cache.k[:, :, :, :5]) <= 1e-6
+    assert max_diff(dec.cache.v[:, :, :, :5], plain.cache.v[:, :, :, :5]) <= 1e-6
+    assert dec.cache.k.data_ptr() == dec.kv.data_ptr()
+
+
+def test_a_new_decoder_sees_changed_weights_and_an_old_one_keeps_its_copy():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+    idx = prompt(4, 64)
+    old = FastDecoder(model, 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    expected = model(idx)[0][:, -1]
+    assert max_diff(FastDecoder(model, 1)(idx), expected) <= ATOL
+    assert max_diff(old(idx), expected) > 1e-3  # built before the change: rebuild it after training
+
+
+# ---- choosing a decoder ------------------------------------------------------------------------
+
+def test_decoder_names_and_factories(tiny_gpt):
+    assert DECODERS == {"fast": FastDecoder, "model": CachedDecoder}
+    assert isinstance(make_decoder(None, tiny_gpt, 1, 16), FastDecoder)
+    assert isinstance(make_decoder("model", tiny_gpt, 1, 16), CachedDecoder)
+    built = []
+
+    def factory(model, batch_size, max_len):
+        built.append((batch_size, max_len))
+        return CachedDecoder(model, batch_size, max_len)
+
+    out = generate(tiny_gpt, prompt(3, 64, batch=2), 4, temperature=0.0, decoder=factory)
+    assert built == [(2, 16)]
+    assert torch.equal(out.tokens, generate(tiny_gpt, prompt(3, 64, batch=2), 4, temperature=0.0).tokens)
+    with pytest.raises(ValueError, match="'fast', 'model'"):
+        generate(tiny_gpt, prompt(3, 64), 2, decoder="compiled")
+    with pytest.raises(TypeError, match="factory"):
+        generate(tiny_gpt, prompt(3, 64), 2, decoder=3)

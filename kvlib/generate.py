@@ -91,7 +91,9 @@ def make_decoder(decoder, model: GPT, batch_size: int, max_len: int):
 
 def _check_prompt(idx, key_mask, max_new_tokens, vocab_size) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
-        raise TypeError("idx must be an int64 tensor of shape (B, T); use pad_prompts for a list of prompts")
+        got = (f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor)
+               else type(idx).__name__)
+        raise TypeError(f"idx must be an int64 tensor of shape (B, T); use pad_prompts for a list of prompts; got {got}")
     if idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must hold at least one token in at least one row, got shape {tuple(idx.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:

@@ -318,7 +318,6 @@ def _json(path: Path, obj) -> Path:
 
 # Cases whose fix is owed by a module this sweep may not edit (strict xfail: remove once fixed).
 GAPS = {
-    "generate list prompt": "kvlib/generate.py _check_prompt: the TypeError does not say what it got (a list)",
 }
 
 

@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[test,bench]"
 	touch $(STAMP)
 
+# JupyterLab refuses to start as root unless told so (containers, CI machines run as root).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

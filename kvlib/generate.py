@@ -111,6 +111,24 @@ def _check_prompt(idx, key_mask, max_new_tokens, vocab_size) -> tuple[torch.Tens
     return lengths, key_mask
 
 
+def _check_eos(eos_id, vocab_size: int | None) -> None:
+    if eos_id is None:
+        return
+    top = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0 or (
+            vocab_size is not None and eos_id >= vocab_size):
+        raise ValueError(f"eos_id must be None or a token id (an int >= 0{top}), got {eos_id!r}")
+
+
+def _checked_hook_output(logits, shape) -> torch.Tensor:
+    """A logits hook must return finite-or--inf (B, V) logits, like the ones it was given."""
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != tuple(shape):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits_hook must return a tensor of shape (B, V) = {tuple(shape)}, got {got}")
+    _check_logits(logits)
+    return logits
+
+
 def _finish(out, T, n, lengths, reason, finished) -> GenerationResult:
     tokens = out[:, : T + n].clone()
     return GenerationResult(tokens, lengths, tokens[:, T:], reason, finished)
@@ -138,6 +156,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
     cfg = model.config
     lengths, key_mask = _check_prompt(idx, key_mask, max_new_tokens, cfg.vocab_size)
+    _check_eos(eos_id, cfg.vocab_size)
     B, T = idx.shape
     if T > cfg.block_size:
         raise ContextLimitError(f"the prompt has {T} tokens but the model's block holds {cfg.block_size}; "
@@ -163,8 +182,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     n = 0
     while True:
         if logits_hook is not None:
-            logits = logits_hook(n, out[:, : T + n], logits)
-            _check_logits(logits)  # the model's own logits are finite; a hook's edits are checked
+            logits = _checked_hook_output(logits_hook(n, out[:, : T + n], logits), (B, cfg.vocab_size))
         nxt = out[:, T + n: T + n + 1]  # (B, 1): the new token is written straight into the output
         if temperature == 0:
             torch.argmax(logits, dim=-1, keepdim=True, out=nxt)
@@ -205,6 +223,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     lengths, _ = _check_prompt(idx, None, max_new_tokens, 1 << 62)
+    _check_eos(eos_id, None)
     B, T = idx.shape
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long)
     out[:, :T] = idx

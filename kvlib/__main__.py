@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     models = ["tang-char", "tang-bpe"]
 
-    p = sub.add_parser("demo", help="the lesson's six sections in the terminal")
+    p = sub.add_parser("demo", help="the walkthrough's six sections in the terminal")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="continue a prompt")

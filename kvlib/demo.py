@@ -1,4 +1,4 @@
-"""``python -m kvlib demo``: the lesson's six sections, printed in the terminal."""
+"""``python -m kvlib demo``: the walkthrough's six sections, printed in the terminal."""
 from __future__ import annotations
 
 import torch

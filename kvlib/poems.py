@@ -1,4 +1,4 @@
-"""Text in, text out: the lesson's one-line operations on a model and its tokenizer.
+"""Text in, text out: the notebooks' one-line operations on a model and its tokenizer.
 
 Every prompt starts with the poem separator, as every poem did in training, so the model knows a
 poem begins. Generation stops at the next separator.

@@ -18,10 +18,14 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
 - the head multiplies by a (C, V) copy of the tied embedding;
 - every buffer and view the one-token step touches is made once, at construction.
 
-A decoder copies every weight it uses when it is built, and never looks at the model again: it is
-for inference, and after the model changes (training, ``load_state_dict``) it needs a new decoder.
-``generate`` builds a new one on every call. For the char model that takes about 3 ms here, mostly
-the transposed copies (about 7 MB), which the faster steps win back within some 30 tokens.
+Only the one-token step is rewritten. Everything else (the prefill, padded batches, explicit
+positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer, so the
+forward pass is written once and the step is tested against it.
+
+The step uses copies of the weights taken when the decoder is built: it is for inference, and after
+the model changes (training, ``load_state_dict``) it needs a new decoder. ``generate`` builds a new
+one on every call. For the char model that takes a few ms, mostly the transposed copies (about
+7 MB), which the faster steps win back within some 30 tokens.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .model import GPT, CacheOverflowError, attention_mask
+from .checks import ContextLimitError
+from .model import GPT
 
 __all__ = ["FastDecoder"]
 
@@ -62,8 +67,7 @@ def _with_bias_row(linear, scale: float = 1.0) -> torch.Tensor:
 class _LayerWeights:
     """One block's weights in the decoder's layout (see the module docstring); built in inference mode."""
 
-    __slots__ = ("ln_1", "w_qkv", "b_qkv", "w_proj1", "w_proj", "b_proj",
-                 "ln_2", "w_fc", "b_fc", "w_out1", "w_out", "b_out")
+    __slots__ = ("ln_1", "w_qkv", "b_qkv", "w_proj1", "ln_2", "w_fc", "b_fc", "w_out1")
 
     def __init__(self, block):
         attn, mlp = block.attn, block.mlp
@@ -75,9 +79,6 @@ class _LayerWeights:
         # is sqrt(2) GELU(a). The 1/sqrt(2) on either side goes into the weights.
         self.w_fc, self.b_fc = _transposed(mlp.c_fc.weight, SQRT_HALF), mlp.c_fc.bias * SQRT_HALF  # (C, 4C)
         self.w_out1 = _with_bias_row(mlp.c_proj, scale=SQRT_HALF)                        # (4C + 1, C)
-        # Views for the general path, which adds the biases itself.
-        self.w_proj, self.b_proj = self.w_proj1[:-1], self.w_proj1[-1]
-        self.w_out, self.b_out = self.w_out1[:-1], self.w_out1[-1]
 
 
 class FastDecoder:
@@ -89,8 +90,8 @@ class FastDecoder:
     overrides the positions, which otherwise continue from ``cache.length``.
 
     One new token per row without a mask or explicit positions (unpadded decoding) takes the lean
-    step; anything else (the prefill, padded batches) takes a plain 2-D forward over the same
-    weights. Each call returns a new logits tensor; the decoder's other buffers are reused.
+    step; anything else (the prefill, padded batches) runs ``GPT.forward`` over the same cache.
+    Each call returns a new logits tensor; the decoder's other buffers are reused.
     """
 
     @torch.inference_mode()
@@ -100,7 +101,7 @@ class FastDecoder:
         B, H, D, C = batch_size, cfg.n_head, cfg.head_size, cfg.n_embd
         t = model.transformer
         like = dict(device=t.wte.weight.device, dtype=t.wte.weight.dtype)
-        self.config, self.batch_size, self.max_len = cfg, B, cache.max_len
+        self.model, self.config, self.batch_size, self.max_len = model, cfg, B, cache.max_len
 
         # Keys and values in one (2, L, B, H, max_len, D) buffer; the KVCache holds its two halves.
         self.kv = torch.zeros((2,) + tuple(cache.k.shape), **like)
@@ -140,11 +141,12 @@ class FastDecoder:
         if B != self.batch_size:
             raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
         if S > self.max_len:
-            raise CacheOverflowError(
+            raise ContextLimitError(
                 f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {self.max_len}")
         if T == 1 and key_mask is None and position_ids is None:
             return self._step(idx, start)
-        return self._forward(idx, key_mask, position_ids, start)
+        logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
+        return logits[:, -1]  # (B, V)
 
     def _step(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
         """One new token per row at position ``pos``, no padding: 10 + 11 per layer ATen calls (54 for 4)."""
@@ -166,37 +168,3 @@ class FastDecoder:
             x.addmm_(g1, w.w_out1)                                   # x += g @ W + b
         self.cache.advance(1)
         return torch.mm(torch.layer_norm(x, shape, *self.ln_f, eps), self.head)  # (B, V)
-
-    def _forward(self, idx, key_mask, position_ids, start: int) -> torch.Tensor:
-        """Any number of new tokens, with padding and explicit positions: a plain 2-D forward."""
-        cfg = self.config
-        B, T = idx.shape
-        S = start + T
-        C, H, D = cfg.n_embd, cfg.n_head, cfg.head_size
-        if position_ids is None:
-            pos = self.wpe[start:S]                                  # (T, C)
-        else:
-            if position_ids.numel() and int(position_ids.max()) >= cfg.block_size:
-                raise CacheOverflowError(
-                    f"position id {int(position_ids.max())} is past the block size {cfg.block_size}")
-            pos = F.embedding(position_ids, self.wpe)                # (B, T, C)
-        if key_mask is not None and key_mask.shape != (B, S):
-            raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
-        x = (F.embedding(idx, self.wte) + pos).view(B * T, C)
-        # One new token sees every cached key, and a prefill into an empty cache is plain causal
-        # attention; otherwise build the model's mask (bottom-right causal, padding hidden).
-        causal = key_mask is None and start == 0 and T > 1
-        mask = None if key_mask is None and (T == 1 or start == 0) else attention_mask(T, S, key_mask, idx.device)
-        at = self.positions[start:S]
-        for w, kv in zip(self.layers, self._kv):
-            qkv = torch.addmm(w.b_qkv, F.layer_norm(x, (C,), *w.ln_1, self.eps), w.w_qkv).view(B, T, 3, H, D)
-            kv.index_copy_(3, at, qkv[:, :, 1:].permute(2, 0, 3, 1, 4))  # (2, B, H, T, D)
-            q = qkv[:, :, 0].transpose(1, 2)                         # (B, H, T, D)
-            y = F.scaled_dot_product_attention(q, kv[0, :, :, :S], kv[1, :, :, :S], attn_mask=mask,
-                                               is_causal=causal)
-            x = x + torch.addmm(w.b_proj, y.transpose(1, 2).reshape(B * T, C), w.w_proj)
-            u = torch.addmm(w.b_fc, F.layer_norm(x, (C,), *w.ln_2, self.eps), w.w_fc)
-            x = x + torch.addmm(w.b_out, u * (1 + torch.erf(u)), w.w_out)
-        self.cache.advance(T)
-        last = x.view(B, T, C)[:, -1]                                # (B, C)
-        return torch.mm(F.layer_norm(last, (C,), *self.ln_f, self.eps), self.head)  # (B, V)

@@ -11,14 +11,13 @@ the published totals), so the weight sizes below follow from the same shapes as 
 
 Sizes use decimal units: 1 MB = 10^6 bytes, 1 GB = 10^9 bytes; KiB (1,024 bytes) only per token.
 
-:class:`GrowingKVCache` is the simple cache that grows by ``torch.cat`` every step; it plugs into
-the real model in place of :class:`~kvlib.model.KVCache` and counts the bytes it copies.
+The picture and the calculator widget built on these numbers are in :mod:`kvlib.notebook.memory_calculator`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from .checks import check_int
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 MB, GB = 10**6, 10**9
@@ -73,7 +72,8 @@ class ModelShape:
 
     def kv_cache_bytes(self, tokens: int | None = None, batch: int = 1, dtype: str = "bfloat16") -> int:
         tokens = self.context if tokens is None else tokens
-        _check_positive(tokens=tokens, batch=batch)
+        check_int("tokens", tokens, 1)
+        check_int("batch", batch, 1)
         return self.kv_bytes_per_token(dtype) * tokens * batch
 
     def weight_bytes(self, dtype: str = "bfloat16") -> int:
@@ -89,12 +89,6 @@ def dtype_bytes(dtype: str) -> int:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     return DTYPE_BYTES[dtype]
-
-
-def _check_positive(**values) -> None:
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
@@ -170,134 +164,6 @@ def describe(shape: ModelShape, batch: int = 1, tokens: int | None = None, dtype
             f"it overtakes them from batch {shape.crossover_batch(tokens, dtype):,}.")
 
 
-# ---- a growing cache, for comparison with the static one ------------------------------------------
-
-class GrowingKVCache:
-    """Keys and values kept as one growing tensor per layer, extended with ``torch.cat`` each step.
-
-    It offers what the model reads from a cache (``length``, ``max_len``, ``write``, ``advance``), so
-    ``model(idx, cache=GrowingKVCache(config))`` runs the real model. Every ``torch.cat`` copies all
-    the keys so far into a new tensor: ``bytes_copied`` counts that traffic, which grows with the
-    square of the length, while the static cache writes each position once.
-    """
-
-    def __init__(self, config, batch_size: int = 1, max_len: int | None = None):
-        self.max_len = config.block_size if max_len is None else max_len
-        self.n_layer = config.n_layer
-        self.reset()
-
-    def reset(self) -> None:
-        self.k: list[torch.Tensor | None] = [None] * self.n_layer
-        self.v: list[torch.Tensor | None] = [None] * self.n_layer
-        self.length = 0
-        self.bytes_copied = 0
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        if self.k[layer] is None:
-            self.k[layer], self.v[layer] = k, v
-        else:
-            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # (B, H, S, D), a fresh copy
-            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
-        self.bytes_copied += self.k[layer].nbytes + self.v[layer].nbytes
-        return self.k[layer], self.v[layer]
-
-    def advance(self, n: int) -> None:
-        self.length += n
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.k + self.v if t is not None)
-
-
 def cat_bytes_copied(bytes_per_token: int, tokens: int) -> int:
     """Bytes a growing cache copies when ``tokens`` positions arrive one at a time: 1 + 2 + ... + n."""
     return bytes_per_token * tokens * (tokens + 1) // 2
-
-
-# ---- a picture and a calculator ---------------------------------------------------------------
-
-def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, highlight: str = "GPT-2 small"):
-    """Left: cache against batch for one model at its context, with its weights as a line.
-    Right: KV-cache bytes per token for every model (MHA against GQA)."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    from . import plots
-
-    shapes = list(shapes or SHAPES.values())
-    main = next(s for s in shapes if s.name == highlight)
-    fig = Figure(figsize=(13, 5), layout="constrained")
-    ax, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.15])
-    batches = np.arange(1, max_batch + 1)
-    cache_mb = [main.kv_cache_bytes(None, int(b), dtype) / MB for b in batches]
-    cross = main.crossover_batch(None, dtype)
-    ax.plot(batches, cache_mb, "-", color=plots.HIGHLIGHT_COLOR, lw=2.5, label="KV cache")
-    ax.axhline(main.weight_bytes(dtype) / MB, color="tab:blue", lw=2, ls="--",
-               label=f"weights ({main.weight_bytes(dtype) / MB:.0f} MB)")
-    ax.plot([cross], [main.kv_cache_bytes(None, cross, dtype) / MB], "o", color="black", ms=8)
-    ax.annotate(f"batch {cross}: the cache passes the weights", (cross, main.kv_cache_bytes(None, cross, dtype) / MB),
-                xytext=(12, -24), textcoords="offset points", fontsize=plots.FONT_SIZE - 1)
-    ax.set_xlabel("batch (sequences)")
-    ax.set_ylabel("MB")
-    ax.set_title(f"{main.name}, {dtype}, {main.context:,} tokens each")
-    ax.set_xlim(0, max_batch)
-    ax.set_ylim(0, max(cache_mb) * 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-
-    per_token = [s.kv_bytes_per_token(dtype) / 1024 for s in shapes]
-    colors = ["#8fb3d9" if s.n_kv_head == s.n_head else plots.HIGHLIGHT_COLOR for s in shapes]
-    y = np.arange(len(shapes))
-    bars = ax2.barh(y, per_token, color=colors)
-    ax2.bar_label(bars, labels=[f"{v:,.0f} KiB  ({s.attention})" for v, s in zip(per_token, shapes)],
-                  padding=3, fontsize=plots.FONT_SIZE - 2)
-    ax2.set_yticks(y, [s.name for s in shapes])
-    ax2.invert_yaxis()
-    ax2.set_xlim(0, max(per_token) * 1.45)
-    ax2.set_xlabel(f"KV cache per token, {dtype} (KiB)")
-    ax2.set_title("blue: every head has its own k, v; orange: grouped-query")
-    ax2.spines[["top", "right"]].set_visible(False)
-    return fig
-
-
-class MemoryCalculator:
-    """Model, batch, context and dtype in; cache and weight sizes out (``widget`` to display).
-
-    ``text()`` gives the current answer as plain text, so the calculator works without a browser.
-    """
-
-    CONTEXTS = [2**i for i in range(7, 18)]  # 128 ... 131,072
-
-    def __init__(self, model: str = "GPT-2 small", batch: int = 7, tokens: int = 1024, dtype: str = "bfloat16",
-                 extra: dict[str, ModelShape] | None = None):
-        import ipywidgets as w
-
-        self.shapes = {**(extra or {}), **SHAPES}
-        self.model = w.Dropdown(options=list(self.shapes), value=model, description="model")
-        self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=True)
-        self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context")
-        self.dtype = w.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="dtype")
-        self.output = w.HTML()
-        for control in (self.model, self.batch, self.tokens, self.dtype):
-            control.observe(lambda _: self._refresh(), names="value")
-        self.widget = w.VBox([w.HBox([self.model, self.dtype]), w.HBox([self.batch, self.tokens]), self.output])
-        self._refresh()
-
-    def show(self) -> None:
-        """The live widget, then its current answer as plain text (for readers without a kernel)."""
-        from IPython.display import display
-
-        display(self.widget)
-        print(self.text())
-
-    def text(self) -> str:
-        shape = self.shapes[self.model.value]
-        return describe(shape, self.batch.value, self.tokens.value, self.dtype.value)
-
-    def _refresh(self) -> None:
-        shape = self.shapes[self.model.value]
-        note = ""
-        if self.tokens.value > shape.context:
-            note = f" (longer than the {shape.context:,} tokens {shape.name} was trained for)"
-        self.output.value = f"<p style='font-size:16px'>{self.text()}{note}</p>"
-

@@ -1,7 +1,9 @@
 """A small GPT (GPT-2 layout) and the static KV cache it writes into.
 
-Data flows top to bottom: ``KVCache`` -> ``CausalSelfAttention`` -> ``MLP`` -> ``Block`` -> ``GPT``.
+Data flows top to bottom: the two caches (``KVCache``, preallocated, and ``GrowingKVCache``, the
+simple one it is compared with) -> ``CausalSelfAttention`` -> ``MLP`` -> ``Block`` -> masks -> ``GPT``.
 Shapes: B batch, T new tokens, S = cache length + T keys, C channels, H heads, D head size.
+Input checks live in :mod:`kvlib.checks`, so that what is left here is the arithmetic.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .checks import check_forward_inputs, check_int
 
 
 @dataclass(frozen=True)
@@ -23,18 +27,13 @@ class GPTConfig:
 
     def __post_init__(self):
         for name, value in asdict(self).items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+            check_int(f"GPTConfig.{name}", value, 1)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
-
-
-class CacheOverflowError(ValueError):
-    """More tokens than the cache (or the model's block) can hold."""
 
 
 class KVCache:
@@ -47,11 +46,9 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
                  device=None, dtype=None):
-        max_len = config.block_size if max_len is None else max_len
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.block_size:
-            raise ValueError(f"max_len must be an int in [1, block_size={config.block_size}], got {max_len!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
+        max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
+                            f"an int in [1, block_size={config.block_size}]")
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -86,6 +83,44 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+
+class GrowingKVCache:
+    """Keys and values kept as one growing tensor per layer, extended with ``torch.cat`` each step.
+
+    It offers what the model reads from a cache (``length``, ``max_len``, ``write``, ``advance``), so
+    ``model(idx, cache=GrowingKVCache(config))`` runs the real model. Every ``torch.cat`` copies all
+    the keys so far into a new tensor: ``bytes_copied`` counts that traffic, which grows with the
+    square of the length, while the static cache writes each position once.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int = 1, max_len: int | None = None):
+        self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
+                                 config.block_size)
+        self.n_layer = config.n_layer
+        self.reset()
+
+    def reset(self) -> None:
+        self.k: list[torch.Tensor | None] = [None] * self.n_layer
+        self.v: list[torch.Tensor | None] = [None] * self.n_layer
+        self.length = 0
+        self.bytes_copied = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.k[layer] is None:
+            self.k[layer], self.v[layer] = k, v
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # (B, H, S, D), a fresh copy
+            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
+        self.bytes_copied += self.k[layer].nbytes + self.v[layer].nbytes
+        return self.k[layer], self.v[layer]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v if t is not None)
 
 
 class CausalSelfAttention(nn.Module):
@@ -180,33 +215,22 @@ class GPT(nn.Module):
         p = self.lm_head.weight
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
-    def forward(self, idx, cache: KVCache | None = None, key_mask=None, position_ids=None, targets=None):
+    def forward(self, idx, cache: KVCache | None = None, key_mask=None, position_ids=None, targets=None,
+                last_only: bool = False):
         """idx (B, T) -> logits (B, T, V) for every position, and the loss when ``targets`` is given.
 
         With ``cache``, idx holds only the new tokens: positions start at ``cache.length`` and the
         keys seen are the cached ones plus these. ``key_mask`` (B, S) marks real (1) and padding (0)
         keys over all S = cache.length + T positions; ``position_ids`` (B, T) overrides positions.
+        ``last_only`` computes the head for the last position only, (B, 1, V): nanoGPT's shortcut
+        for a loop that recomputes everything and needs only the next token.
         """
-        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
-            got = f"{idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {got}")
+        check_forward_inputs(self.config, idx, cache, key_mask, position_ids, targets, last_only)
         B, T = idx.shape
-        start = cache.length if cache is not None else 0
+        start = cache.length if cache is not None else 0  # positions already in the cache
         S = start + T
-        if cache is not None and S > cache.max_len:
-            raise CacheOverflowError(
-                f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {cache.max_len}")
         if position_ids is None:
-            if S > self.config.block_size:
-                raise CacheOverflowError(
-                    f"position {S - 1} is past the block size {self.config.block_size}: crop the input "
-                    f"to the last {self.config.block_size} tokens")
             position_ids = torch.arange(start, S, device=idx.device)[None]  # (1, T)
-        elif position_ids.numel() and int(position_ids.max()) >= self.config.block_size:
-            raise CacheOverflowError(
-                f"position id {int(position_ids.max())} is past the block size {self.config.block_size}")
-        if key_mask is not None and key_mask.shape != (B, S):
-            raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
 
         x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
         mask = None if (cache is None and key_mask is None) else attention_mask(T, S, key_mask, idx.device)
@@ -214,6 +238,8 @@ class GPT(nn.Module):
             x = block(x, mask, cache, layer)
         if cache is not None:
             cache.advance(T)  # once, after the last layer
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:

@@ -8,83 +8,15 @@ from exactly what it returns.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next",
-           "validate_sampling", "check_generator"]
+from .checks import check_generator, check_logits, check_sampling, check_temperature, check_top_k, check_top_p
+
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "draw"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks at the public edges
-# ---------------------------------------------------------------------------------------------
-
-def _check_logits(logits) -> None:
-    """Logits must be a floating (B, V) tensor with no NaN, no +inf, and a finite entry per row."""
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor of shape (B, V), got {type(logits).__name__}")
-    if logits.dim() != 2:
-        hint = " (for a single row use logits[None, :])" if logits.dim() == 1 else ""
-        raise ValueError(f"logits must have shape (B, V), got shape {tuple(logits.shape)}{hint}")
-    if logits.shape[-1] == 0:
-        raise ValueError("logits must have at least one vocabulary entry, got V = 0")
-    if not logits.is_floating_point():
-        raise TypeError(f"logits must have a floating dtype, got {logits.dtype}")
-    # One boolean per row, then a single check: a -inf entry (a banned token) is fine,
-    # but NaN, +inf, or a row with nothing left to sample cannot be turned into probabilities.
-    bad_rows = (logits.isnan().any(-1)
-                | logits.isposinf().any(-1)
-                | logits.isneginf().all(-1))                               # (B,)
-    if bad_rows.any():
-        row = int(bad_rows.nonzero()[0, 0])
-        raise ValueError(f"logits row {row} cannot be sampled: it contains NaN or +inf, or every "
-                         f"entry is -inf; allowed are finite values and -inf for banned tokens")
-
-
-def _check_temperature(temperature) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a real number >= 0, got {temperature!r}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}")
-    return float(temperature)
-
-
-def _check_top_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
-    if k < 1:
-        raise ValueError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
-    return int(k)
-
-
-def _check_top_p(p) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"top_p must be a number in (0, 1] (or None for no top-p), got {p!r}")
-    if not 0 < p <= 1:                                                     # also rejects NaN
-        raise ValueError(f"top_p must be in (0, 1] (or None for no top-p), got {p!r}")
-    return float(p)
-
-
-def validate_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
-    """Check sampling settings once, before a decoding loop starts (same rules and messages).
-
-    Returns them as plain Python numbers, ready for the unchecked per-step path.
-    """
-    return (_check_temperature(temperature),
-            None if top_k is None else _check_top_k(top_k),
-            None if top_p is None else _check_top_p(top_p))
-
-
-def check_generator(generator) -> None:
-    """A sampling loop draws from ``generator`` (a ``torch.Generator``), or from the global RNG if None."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-
-
-# ---------------------------------------------------------------------------------------------
-# The steps, unchecked (the public functions below and the decoding loops check, then call these)
+# The steps, unchecked (the public functions below check their input, then call these)
 # ---------------------------------------------------------------------------------------------
 
 def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -130,9 +62,9 @@ def _probabilities(logits: torch.Tensor, temperature: float, top_k: int | None,
     return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
 
 
-def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-          generator: torch.Generator | None) -> torch.Tensor:
-    """``sample_next`` without its checks, for loops that validated their settings once: (B, 1)."""
+def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """``sample_next`` without its checks, for decoding loops that checked their settings once: (B, 1)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
     probs = _probabilities(logits, temperature, top_k, top_p)
@@ -150,18 +82,19 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     ``temperature`` must be a finite number >= 0. Below 1 the distribution sharpens, above 1 it
     flattens. At 0 the limit is returned: 0 for each row's first argmax, -inf everywhere else.
     """
-    _check_logits(logits)
-    return _temperature(logits, _check_temperature(temperature))
+    check_logits(logits)
+    return _temperature(logits, check_temperature(temperature))
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the ``k`` largest logits of each row (B, V) -> (B, V); the rest become -inf.
 
-    ``k`` must be an int >= 1; ``k`` > V keeps everything. Tokens tied with the k-th largest value
+    ``k`` must be an int >= 1 (None: no filter); ``k`` > V keeps everything. Tokens tied with the k-th largest value
     are all kept, so a row may keep more than ``k`` tokens.
     """
-    _check_logits(logits)
-    return _top_k(logits, _check_top_k(k))
+    check_logits(logits)
+    k = check_top_k(k)
+    return logits.clone() if k is None else _top_k(logits, k)
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -170,10 +103,11 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     The nucleus is the shortest run of tokens, taken by descending probability (stable sort,
     so ties go to the lower token id), whose probability mass is at least ``p``. A token is
     dropped once the mass of the tokens strictly before it has reached ``p``; the most likely
-    token is always kept. ``p`` must be in (0, 1]; ``p`` = 1 keeps everything.
+    token is always kept. ``p`` must be in (0, 1] (None: no filter); ``p`` = 1 keeps everything.
     """
-    _check_logits(logits)
-    return _top_p(logits, _check_top_p(p))
+    check_logits(logits)
+    p = check_top_p(p)
+    return logits.clone() if p is None else _top_p(logits, p)
 
 
 def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -184,8 +118,8 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     (first) argmax and the filters are skipped, though their arguments are still checked.
     Probabilities are float32, or float64 when the logits are float64.
     """
-    _check_logits(logits)
-    return _probabilities(logits, *validate_sampling(temperature, top_k, top_p))
+    check_logits(logits)
+    return _probabilities(logits, *check_sampling(temperature, top_k, top_p))
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -198,5 +132,5 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     uses the global RNG, as ``torch.multinomial`` does.
     """
     check_generator(generator)
-    _check_logits(logits)
-    return _draw(logits, *validate_sampling(temperature, top_k, top_p), generator)  # (B, 1)
+    check_logits(logits)
+    return draw(logits, *check_sampling(temperature, top_k, top_p), generator)  # (B, 1)

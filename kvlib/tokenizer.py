@@ -6,14 +6,10 @@ poem separator, shown as a newline) and ``punctuation_ids`` (everything that is 
 from __future__ import annotations
 
 import codecs
-import json
 import re
 import unicodedata
 from collections import Counter
 from functools import cached_property
-from pathlib import Path
-
-from .integrity import write_json
 
 SEPARATOR = "\n"
 
@@ -93,8 +89,8 @@ class CharTokenizer:
     def punctuation_ids(self) -> list[int]:
         return [i for i, s in enumerate(self.itos) if not (len(s) == 1 and is_ideograph(s))]
 
-    def save(self, path) -> None:
-        write_json(path, {"kind": self.kind, "itos": self.itos})
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "itos": self.itos}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CharTokenizer":
@@ -203,8 +199,8 @@ class ByteBPETokenizer:
                 out.append(i)
         return out
 
-    def save(self, path) -> None:
-        write_json(path, {"kind": self.kind, "merges": [list(m) for m in self.merges]})
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "merges": [list(m) for m in self.merges]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ByteBPETokenizer":
@@ -227,23 +223,41 @@ def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
 
-def stream_decode(tokenizer, ids):
-    """Yield text as tokens arrive, holding back bytes until they complete a character.
+class TextStream:
+    """Text from token ids that arrive one at a time: ``push(id)`` returns what is now complete.
 
-    Concatenated, the pieces equal ``tokenizer.decode(ids)``; a token that ends mid-character
-    yields "" instead of U+FFFD, and invalid bytes still become U+FFFD (``errors="replace"``).
+    Bytes are held back until they complete a character, so a token that ends mid-character gives
+    "" instead of U+FFFD; invalid bytes still become U+FFFD (``errors="replace"``). ``close()``
+    returns whatever is left (a cut-off character as U+FFFD).
     """
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self.tokenizer.token_bytes(int(token_id)))
+
+    def close(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def stream_decode(tokenizer, ids):
+    """Yield text as tokens arrive; concatenated, the pieces equal ``tokenizer.decode(ids)``."""
+    stream = TextStream(tokenizer)
     for i in _as_list(ids):
-        yield decoder.decode(tokenizer.token_bytes(i))
-    tail = decoder.decode(b"", final=True)
+        yield stream.push(i)
+    tail = stream.close()
     if tail:
         yield tail
 
 
-def load_tokenizer(path) -> CharTokenizer | ByteBPETokenizer:
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    kinds = {"char": CharTokenizer, "bpe": ByteBPETokenizer}
-    if d.get("kind") not in kinds:
-        raise ValueError(f"{path}: unknown tokenizer kind {d.get('kind')!r}; expected one of {sorted(kinds)}")
-    return kinds[d["kind"]].from_dict(d)
+TOKENIZERS = {"char": CharTokenizer, "bpe": ByteBPETokenizer}
+
+
+def tokenizer_from_dict(d: dict) -> CharTokenizer | ByteBPETokenizer:
+    """A tokenizer from what its ``to_dict`` wrote."""
+    if not isinstance(d, dict) or d.get("kind") not in TOKENIZERS:
+        kind = d.get("kind") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"unknown tokenizer kind {kind!r}; expected one of {sorted(TOKENIZERS)}")
+    return TOKENIZERS[d["kind"]].from_dict(d)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generate import generate, generate_uncached, pad_prompts
+from .decoding import generate, generate_uncached, pad_prompts
 from .model import GPT
 
 ATOL = 1e-4

@@ -1,7 +1,7 @@
 """Shared fixtures: seeded random models (fast, always available) and the two shipped models.
 
 The shipped fixtures load ``data/tang-char.pt`` and ``data/tang-bpe.pt`` through
-:func:`kvlib.pretrained.load_pretrained`, which checks their sha256 against ``data/MANIFEST.json``;
+:func:`kvlib.tools.loading.load_pretrained`, which checks their sha256 against ``data/MANIFEST.json``;
 a missing or damaged checkpoint makes the tests that use them fail (not skip) with that message.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib import integrity
+from kvlib.tools import integrity
 from kvlib.model import GPT, GPTConfig
-from kvlib.pretrained import load_pretrained
-from kvlib.tokenizer import load_tokenizer
+from kvlib.tools.loading import load_pretrained
+from kvlib.tools.loading import load_tokenizer
 
 # The models under test are tiny: one thread is fastest, and on a machine whose cores are busy (training
 # jobs, a parallel CI) a second thread that waits for a core makes every forward pass ~100x slower.

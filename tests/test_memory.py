@@ -7,9 +7,9 @@ import warnings
 import pytest
 import torch
 
-from kvlib.memory import (SHAPES, GrowingKVCache, MemoryCalculator, ModelShape, cat_bytes_copied, describe,
-                          format_table, gpt2_params, memory_figure, shape_of, table_rows)
-from kvlib.model import GPT, GPTConfig, KVCache
+from kvlib.memory import (SHAPES, ModelShape, cat_bytes_copied, describe, format_table, gpt2_params, shape_of,
+                          table_rows)
+from kvlib.model import GPT, GPTConfig, GrowingKVCache, KVCache
 
 PUBLISHED_PARAMS = {  # totals reported for the released checkpoints
     "GPT-2 small": 124_439_808, "GPT-2 medium": 354_823_168, "GPT-2 large": 774_030_080,
@@ -66,9 +66,9 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="dtype"):
         s.kv_bytes_per_token("int3")
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError):
+        with pytest.raises((ValueError, TypeError)):
             s.kv_cache_bytes(bad)
-        with pytest.raises(ValueError):
+        with pytest.raises((ValueError, TypeError)):
             s.kv_cache_bytes(16, bad)
 
 
@@ -99,7 +99,7 @@ def test_growing_cache_gives_the_same_logits_and_copies_quadratically(tiny_gpt):
 
 
 def test_growing_cache_drives_generate(tiny_gpt):
-    from kvlib.generate import CachedDecoder, generate
+    from kvlib.decoding import CachedDecoder, generate
 
     def growing_decoder(model, batch_size, max_len):
         decoder = CachedDecoder(model, batch_size, max_len)
@@ -116,17 +116,3 @@ def test_growing_cache_drives_generate(tiny_gpt):
     assert growing.length == 0 and growing.bytes_copied == 0 and growing.nbytes == 0
 
 
-def test_calculator_widget_and_figure():
-    calc = MemoryCalculator()
-    assert "batch 7 x 1,024 tokens" in calc.text() and "0.264 GB" in calc.text()
-    calc.batch.value = 1
-    calc.tokens.value = 2048
-    assert "batch 1 x 2,048 tokens" in calc.output.value
-    calc.model.value = "Llama 3.2 1B"
-    calc.dtype.value = "float8"
-    assert "16 kv heads" not in calc.text() and "8 kv heads" in calc.text()
-    extra = ModelShape("mine", 2, 2, 2, 8, 1000, 64)
-    assert "mine" in MemoryCalculator(extra={"mine": extra}).model.options
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        memory_figure().savefig(io.BytesIO(), format="png")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-KVLIB_FILES = sorted((ROOT / "kvlib").glob("*.py"))
+KVLIB_FILES = sorted((ROOT / "kvlib").rglob("*.py"))
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "os.system", "os.popen", "pickle.load", "pickle.loads",
@@ -170,10 +170,15 @@ def _gen(seed=0):
 
 
 def _library_calls():
-    from kvlib import constrain, generate, poems, verify
+    from kvlib import constraints as constrain, decoding as generate, text as poems, verify
+    from kvlib.tools import bench, loading
 
     calls = {
-        "load_pretrained": lambda m, t: __import__("kvlib.pretrained", fromlist=["x"]).load_pretrained("tang-char"),
+        "load_pretrained": lambda m, t: loading.load_pretrained("tang-char"),
+        "peak_matmul_flops": lambda m, t: bench.peak_matmul_flops(n=64, min_run_time=0.01),
+        "run_bench": lambda m, t: bench.run_bench(threads=(1,), progress=False, model=m, new_tokens=(4,), rounds=1,
+                                                   max_seconds=0.1, peak_seconds=0.01, peak_n=64,
+                                                   with_transformers=False),
         "generate": lambda m, t: generate.generate(m, torch.tensor([[0, 5, 6]]), 8, generator=_gen(), top_p=0.9),
         "generate_uncached": lambda m, t: generate.generate_uncached(m, torch.tensor([[0, 5]]), 8, block_size=64,
                                                                       generator=_gen(), top_k=5),
@@ -184,16 +189,15 @@ def _library_calls():
         "verify_cache": lambda m, t: verify.verify_cache(m, torch.tensor([[0, 5, 6]]), 8),
         "check_batch_consistency": lambda m, t: verify.check_batch_consistency(m, [[0, 5], [0, 6, 7, 8]], 4),
     }
-    try:
-        from kvlib import stepper, widgets
-    except ImportError:
-        return calls
+    from kvlib import stepper
+    from kvlib.notebook import acrostic_writer, cache_stepper, next_character, sampling_explorer
+
     calls.update({
-        "next_view": lambda m, t: widgets.next_view(m, t, "春眠"),
-        "explore": lambda m, t: widgets.explore(m, t, "春", 1.2, 5, 0.9, seed=4, n_chars=8),
-        "acrostic_view": lambda m, t: widgets.acrostic_view(m, t, "春夜", 5, seed=2),
+        "next_view": lambda m, t: next_character.next_view(m, t, "春眠"),
+        "explore": lambda m, t: sampling_explorer.explore(m, t, "春", 1.2, 5, 0.9, seed=4, n_chars=8),
+        "acrostic_view": lambda m, t: acrostic_writer.acrostic_view(m, t, "春夜", 5, seed=2),
         "CacheStepper.run": lambda m, t: stepper.CacheStepper(m, t, "春", temperature=1.0).run(3),
-        "StepperWidget Step": lambda m, t: stepper.StepperWidget(m, t, "春", dpi=20).step_button.click(),
+        "StepperWidget Step": lambda m, t: cache_stepper.StepperWidget(m, t, "春", dpi=20).step_button.click(),
     })
     return calls
 
@@ -208,7 +212,7 @@ def test_library_calls_leave_the_global_rng_alone(tiny, name):
 
 
 def test_training_leaves_the_global_rng_and_threads_alone(tmp_path):
-    from kvlib.train import TrainConfig, train
+    from kvlib.tools.training import TrainConfig, train
 
     cfg = TrainConfig(steps=3, batch_size=2, block_size=8, n_layer=1, n_head=2, n_embd=16, warmup=1, eval_every=3,
                       eval_batches=1, save_every=3, seed=5, out_dir=str(tmp_path / "o"), work_dir=str(tmp_path / "w"))

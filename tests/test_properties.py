@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kvlib.generate import generate, generate_uncached, pad_prompts
+from kvlib.decoding import generate, generate_uncached, pad_prompts
 from kvlib.model import GPT, GPTConfig
 from kvlib.sampling import probabilities, top_k_filter, top_p_filter
 from kvlib.tokenizer import ByteBPETokenizer, CharTokenizer, UnknownCharacterError, stream_decode

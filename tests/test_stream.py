@@ -5,7 +5,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvlib.generate import generate
+from kvlib.decoding import generate
 from kvlib.tokenizer import stream_decode
 
 REPLACEMENT = "\ufffd"

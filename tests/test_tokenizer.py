@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlib import data
-from kvlib.tokenizer import (SEPARATOR, ByteBPETokenizer, CharTokenizer, UnknownCharacterError,
-                             is_ideograph, load_tokenizer)
+from kvlib.tools import corpus as data
+from kvlib.tokenizer import SEPARATOR, ByteBPETokenizer, CharTokenizer, UnknownCharacterError, is_ideograph
+from kvlib.tools.loading import load_tokenizer, save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_char_punctuation_ids(char_tok):
 
 def test_char_save_load_round_trip(char_tok, tmp_path):
     path = tmp_path / "char.json"
-    char_tok.save(path)
+    save_tokenizer(char_tok, path)
     loaded = load_tokenizer(path)
     assert isinstance(loaded, CharTokenizer)
     assert loaded.itos == char_tok.itos
@@ -179,7 +179,7 @@ def test_bpe_round_trips_text_made_of_corpus_characters(bpe, s):
 
 def test_bpe_save_load_round_trip(bpe, poems, tmp_path):
     path = tmp_path / "bpe.json"
-    bpe.save(path)
+    save_tokenizer(bpe, path)
     loaded = load_tokenizer(path)
     assert isinstance(loaded, ByteBPETokenizer)
     assert loaded.merges == bpe.merges

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kvlib.model
-from kvlib.generate import pad_prompts, position_ids_from_mask
+from kvlib.decoding import pad_prompts, position_ids_from_mask
 from kvlib.model import KVCache
 from kvlib.verify import check_batch_consistency, verify_cache
 

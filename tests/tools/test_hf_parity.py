@@ -1,0 +1,69 @@
+"""Our weights in transformers' GPT2LMHeadModel give the same logits and the same greedy tokens.
+
+Skipped without ``transformers`` (``pip install -e .[bench]``), except with
+``KVLIB_REQUIRE_TRANSFORMERS=1`` (set by ``.ci/run``), where a missing ``transformers`` fails.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+if importlib.util.find_spec("transformers") is None:
+    if os.environ.get("KVLIB_REQUIRE_TRANSFORMERS") == "1":
+        raise ImportError("the parity test is required (KVLIB_REQUIRE_TRANSFORMERS=1) but transformers is "
+                          "not installed: pip install -e .[bench]")
+    pytest.skip("transformers is not installed: pip install -e .[bench]", allow_module_level=True)
+
+from kvlib.tools import bench  # noqa: E402
+from kvlib.decoding import generate  # noqa: E402
+from kvlib.model import GPT, GPTConfig  # noqa: E402
+
+ATOL = 1e-4
+
+
+def tiny_model() -> GPT:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+@pytest.fixture(scope="module", params=["random", "shipped"])
+def pair(request, random_gpt):
+    """(our model, the same weights in GPT2LMHeadModel, a 16-token prompt)."""
+    if request.param == "random":
+        model = random_gpt
+        idx = torch.randint(model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    else:
+        model, tokenizer = request.getfixturevalue("shipped_char")
+        idx = torch.tensor([tokenizer.encode(bench.PROMPT)])
+    return model, bench.to_transformers(model), idx
+
+
+def test_logits_agree_at_every_position(pair):
+    model, hf, idx = pair
+    with torch.inference_mode():
+        ours, _ = model(idx)
+        theirs = hf(idx).logits
+    assert theirs.shape == ours.shape
+    assert (theirs - ours).abs().max().item() <= ATOL
+
+
+def test_greedy_tokens_agree_over_the_whole_block(pair):
+    model, hf, idx = pair
+    n = model.config.block_size - idx.shape[1]  # 112 new tokens: every position of the block
+    theirs = bench.transformers_generate(hf, idx, n)
+    ours = generate(model, idx, n, temperature=0.0)
+    assert theirs.shape == (1, model.config.block_size)
+    assert torch.equal(theirs, ours.tokens)
+
+
+def test_the_benchmark_runs_transformers_when_it_is_installed():
+    report = bench.run_bench(model=tiny_model(), threads=(1,), prompt_length=4, new_tokens=(2,), rounds=1,
+                             max_seconds=0.001, peak_n=32, peak_seconds=0.001, progress=False)
+    assert report["paths"][-1] == "transformers"
+    assert report["transformers"]["used"] and report["transformers"]["installed"]
+    assert report["tokens_equal"]["transformers"]
+    assert report["rows"][0]["speedup_vs_transformers"] > 0

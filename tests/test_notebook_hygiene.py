@@ -122,21 +122,27 @@ def test_notebooks_do_not_seed_or_draw_from_the_global_rng(notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebooks_check_at_the_end_that_the_global_rng_is_untouched(notebook):
-    """The runtime check: the first code cell saves ``torch.get_rng_state()`` before kvlib does anything,
-    the last one compares (``# NBVAL_CHECK_OUTPUT``, so nbval fails the notebook if it prints False)."""
+def test_notebooks_start_with_setup_and_check_the_rng_at_the_end(notebook):
+    """One set-up for every notebook: ``setup()`` saves ``torch.get_rng_state()`` before kvlib does anything;
+    the last cell prints ``rng_untouched()`` (``# NBVAL_CHECK_OUTPUT``, so nbval fails if it prints False)."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    first = "".join(code[0]["source"]).splitlines()
-    saved = [n for n, line in enumerate(first) if re.match(r"RNG_AT_START\s*=\s*torch\.get_rng_state\(\)", line)]
-    assert saved, f"{notebook.name}: the first code cell must save RNG_AT_START = torch.get_rng_state()"
-    kvlib_calls = [n for n, line in enumerate(first) if re.search(r"\b(load_pretrained|GPT|generate|write)\(", line)]
-    assert all(saved[0] < n for n in kvlib_calls), f"{notebook.name}: RNG_AT_START is saved after kvlib ran"
+    first = "".join(code[0]["source"])
+    calls = [line for line in first.splitlines() if re.search(r"\b(load_pretrained|GPT|generate|write|setup)\(", line)]
+    assert calls and "setup(" in calls[0], f"{notebook.name}: the first code cell must call kvlib.notebook.setup() first"
+    assert "RNG_AT_START" not in first and "set_num_threads" not in first, f"{notebook.name}: setup() does that"
     last = "".join(code[-1]["source"])
-    assert "NBVAL_CHECK_OUTPUT" in last and "torch.equal(torch.get_rng_state(), RNG_AT_START)" in last, \
-        f"{notebook.name}: the last code cell must print torch.equal(torch.get_rng_state(), RNG_AT_START)"
+    assert "NBVAL_CHECK_OUTPUT" in last and "rng_untouched()" in last, \
+        f"{notebook.name}: the last code cell must print rng_untouched()"
     printed = "".join("".join(o.get("text", "")) for o in code[-1].get("outputs", []))
     assert "global RNG untouched: True" in printed, f"{notebook.name}: committed output says {printed!r}"
+
+
+def test_setup_is_the_one_copy_of_the_set_up():
+    """No notebook repeats what setup() does (fork_rng around loading, thread counts, RNG bookkeeping)."""
+    for notebook in NOTEBOOKS:
+        first = "".join(json.loads(notebook.read_text(encoding="utf-8"))["cells"][2]["source"])
+        assert "fork_rng" not in first, f"{notebook.name}: load_pretrained already keeps the global RNG"
 
 
 def test_the_rng_check_itself_catches_and_excuses_what_it_should():

@@ -67,3 +67,40 @@ def test_any_ids_stream_to_their_decode(bpe_tokenizer, ids):
     """Random ids are often invalid UTF-8: the replacements must match decode's too."""
     assert bpe_tokenizer.vocab_size == 512
     assert "".join(stream_decode(bpe_tokenizer, ids)) == bpe_tokenizer.decode(ids)
+
+
+def test_on_token_sees_step_k_before_step_k_plus_1_runs(tiny_gpt):
+    """generate hands out each token as soon as it is chosen, before the next forward pass."""
+    events = []
+
+    def factory(model, batch_size, max_len):
+        from kvlib.fast import FastDecoder
+
+        dec = FastDecoder(model, batch_size, max_len)
+
+        def call(*args, **kwargs):
+            events.append("forward")
+            return dec(*args, **kwargs)
+        return call
+
+    def on_token(step, new):
+        events.append(("token", step, new.tolist()))
+
+    out = generate(tiny_gpt, torch.tensor([[1, 2], [3, 4]]), 6, temperature=0.0, on_token=on_token, decoder=factory)
+    assert events[0] == "forward"  # the prefill
+    for k in range(6):
+        at = events.index(("token", k, out.new_tokens[:, k].tolist()))
+        assert "forward" not in events[at + 1:] or events[at + 1] == "forward"
+        assert events[:at].count("forward") == k + 1  # step k's token came out after k + 1 forwards, not more
+    assert events.count("forward") == 6  # the last token is never fed back
+
+
+def test_text_stream_joins_to_decode(bpe_tokenizer):
+    from kvlib.tokenizer import TextStream
+
+    ids = bpe_tokenizer.encode(TEXT)
+    stream = TextStream(bpe_tokenizer)
+    assert "".join(stream.push(i) for i in ids) + stream.close() == TEXT
+    cut = TextStream(bpe_tokenizer)
+    first = next(i for i in ids if bpe_tokenizer.token_bytes(i)[0] >= 0xC0 and len(bpe_tokenizer.token_bytes(i)) < 3)
+    assert cut.push(first) == "" and cut.close() == REPLACEMENT  # a cut-off character shows as U+FFFD at the end

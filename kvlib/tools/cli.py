@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -246,8 +248,10 @@ def main(argv=None) -> int:
         parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
     except IntegrityError as e:  # a missing or changed data file: not a usage error, but no traceback either
         parser.exit(1, f"{parser.prog} {args.command}: error: {e}\n")
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C: no traceback
+        sys.stderr.write("\n")
+        return 128 + signal.SIGINT
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,14 +32,54 @@ def test_cached_and_uncached_cli_runs_write_the_same_poem(capsys):
     assert cached
 
 
-def test_stream_prints_what_plain_output_prints(capsys, monkeypatch):
-    monkeypatch.setattr("time.sleep", lambda s: None)
+def test_stream_prints_what_plain_output_prints(capsys):
     args = ["generate", "--prompt", "床前明月光", "--max-new-tokens", "40", "--model", "tang-bpe"]
     main(args)
     plain = capsys.readouterr().out
     main(args + ["--stream"])
     assert capsys.readouterr().out == plain
     assert plain.startswith("床前明月光")
+
+
+class Events:
+    """A stream that logs its writes between the decoder's forward passes."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def write(self, text):
+        if text:
+            self.log.append(("write", text))
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-cache"], ["--json"]])
+def test_stream_writes_while_tokens_are_still_being_generated(monkeypatch, capsys, extra):
+    """Each piece is written before the next forward pass: streamed, not replayed at the end."""
+    from kvlib.fast import FastDecoder
+    from kvlib.model import GPT
+
+    log = []
+    step = FastDecoder.__call__
+    forward = GPT.forward
+    monkeypatch.setattr(FastDecoder, "__call__", lambda self, *a, **k: log.append(("forward", None)) or step(self, *a, **k))
+    if "--no-cache" in extra:
+        monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: log.append(("forward", None)) or forward(self, *a, **k))
+    stream = "stderr" if "--json" in extra else "stdout"
+    monkeypatch.setattr(f"sys.{stream}", Events(log))
+    main(["generate", "--prompt", "床前明月光", "--max-new-tokens", "20", "--temperature", "0", "--stream"] + extra)
+    kinds = [k for k, _ in log]
+    writes = [i for i, k in enumerate(kinds) if k == "write"]
+    forwards = [i for i, k in enumerate(kinds) if k == "forward"]
+    assert len(forwards) >= 5 and len(writes) >= 5
+    assert writes[1] < forwards[-1]  # the first generated piece came out long before the last forward pass
+    between = sum(1 for a, b in zip(forwards, forwards[1:]) if any(a < w < b for w in writes))
+    assert between >= len(forwards) // 2  # pieces interleave with the forward passes
+    if "--json" in extra:
+        report = json.loads(capsys.readouterr().out)  # stdout stays clean JSON
+        assert "".join(t for k, t in log if k == "write").startswith("床前明月光" + report["completion"])
 
 
 def test_unknown_prompt_character_exits_2_with_one_line(capsys):

@@ -149,7 +149,10 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         if logits_hook is not None:
             logits = check_hook_output(logits_hook(n, out[:, : T + n], logits), (B, model.config.vocab_size))
         nxt = out[:, T + n: T + n + 1]                   # (B, 1): written straight into the output
-        nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
+        if temperature == 0:
+            torch.argmax(logits, dim=-1, keepdim=True, out=nxt)  # greedy: nothing to draw
+        else:
+            nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
         if eos_id is not None:
             nxt.masked_fill_(finished[:, None], eos_id)  # finished rows repeat eos_id
             finished |= nxt[:, 0] == eos_id

@@ -22,14 +22,17 @@ Only the one-token step is rewritten. Everything else (the prefill, padded batch
 positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer, so the
 forward pass is written once and the step is tested against it.
 
-The step uses copies of the weights taken when the decoder is built: it is for inference, and after
-the model changes (training, ``load_state_dict``) it needs a new decoder. ``generate`` builds a new
-one on every call. For the char model that takes a few ms, mostly the transposed copies (about
-7 MB), which the faster steps win back within some 30 tokens.
+The step reads copies of the weights in its own layout (:class:`StepWeights`, about 7 MB for the
+char model, a few ms to build). They are built once per state of the model and shared by every
+decoder made from it: :func:`step_weights` rebuilds them when any parameter was replaced or changed
+in place (training, ``load_state_dict``), which it sees from the parameters' version counters.
+A decoder keeps the weights it was built with; ``generate`` builds a new decoder on every call.
 """
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from .checks import ContextLimitError
 from .model import GPT
 
-__all__ = ["FastDecoder"]
+__all__ = ["FastDecoder", "StepWeights", "step_weights"]
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -81,6 +84,39 @@ class _LayerWeights:
         self.w_out1 = _with_bias_row(mlp.c_proj, scale=SQRT_HALF)                        # (4C + 1, C)
 
 
+class StepWeights:
+    """Every weight the one-token step reads, in its layout; built in inference mode, never changed."""
+
+    @torch.inference_mode()
+    def __init__(self, model: GPT):
+        t = model.transformer
+        self.head = _transposed(t.wte.weight)                        # (C, V): the tied head
+        self.wte = self.head.t()                                     # (V, C): a view of it, for the inputs
+        self.wpe = t.wpe.weight.clone()                              # (block_size, C)
+        self.ln_f = _copy(t.ln_f.weight, t.ln_f.bias)
+        self.eps = t.ln_f.eps  # every LayerNorm of the model has the default eps
+        self.layers = [_LayerWeights(block) for block in t.h]
+
+
+_built: "weakref.WeakKeyDictionary[GPT, tuple[tuple, StepWeights]]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def step_weights(model: GPT) -> StepWeights:
+    """The model's :class:`StepWeights`, rebuilt only when a parameter is new or was written to.
+
+    ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_``
+    under ``no_grad``); ``id`` changes when a parameter is replaced. Either makes the copy stale.
+    """
+    state = tuple((id(p), p._version) for p in model.parameters())
+    with _lock:
+        hit = _built.get(model)
+        if hit is None or hit[0] != state:
+            hit = (state, StepWeights(model))
+            _built[model] = hit
+        return hit[1]
+
+
 class FastDecoder:
     """A decoder with its own cache: ``dec(idx, key_mask=None, position_ids=None) -> (B, V)``.
 
@@ -99,8 +135,8 @@ class FastDecoder:
         cfg = model.config
         cache = model.new_cache(batch_size, max_len)  # checks batch_size and max_len
         B, H, D, C = batch_size, cfg.n_head, cfg.head_size, cfg.n_embd
-        t = model.transformer
-        like = dict(device=t.wte.weight.device, dtype=t.wte.weight.dtype)
+        weight = model.transformer.wte.weight
+        like = dict(device=weight.device, dtype=weight.dtype)
         self.model, self.config, self.batch_size, self.max_len = model, cfg, B, cache.max_len
 
         # Keys and values in one (2, L, B, H, max_len, D) buffer; the KVCache holds its two halves.
@@ -109,12 +145,8 @@ class FastDecoder:
         self.cache = cache
         self._kv = self.kv.unbind(1)                                 # per layer: (2, B, H, max_len, D)
 
-        self.head = _transposed(t.wte.weight)                        # (C, V): the tied head
-        self.wte = self.head.t()                                     # (V, C): a view of it, for the inputs
-        self.wpe = t.wpe.weight.clone()                              # (block_size, C)
-        self.ln_f = _copy(t.ln_f.weight, t.ln_f.bias)
-        self.eps = t.ln_f.eps  # every LayerNorm of the model has the default eps
-        self.layers = [_LayerWeights(block) for block in t.h]
+        w = step_weights(model)
+        self.head, self.wte, self.wpe, self.ln_f, self.eps, self.layers = w.head, w.wte, w.wpe, w.ln_f, w.eps, w.layers
         self.positions = torch.arange(self.max_len, device=like["device"])  # slices of it index the cache
 
         # Buffers of the one-token step. y1 and g1 end in a column of ones (the bias inputs).

@@ -233,7 +233,9 @@ class GPT(nn.Module):
             position_ids = torch.arange(start, S, device=idx.device)[None]  # (1, T)
 
         x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
-        mask = None if (cache is None and key_mask is None) else attention_mask(T, S, key_mask, idx.device)
+        # A fresh sequence without padding needs only the plain causal mask (SDPA's is_causal);
+        # new tokens after cached ones, or padding, need the full (bottom-right aligned) mask.
+        mask = None if (start == 0 and key_mask is None) else attention_mask(T, S, key_mask, idx.device)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, mask, cache, layer)
         if cache is not None:

@@ -204,3 +204,23 @@ def test_decoder_names_and_factories(tiny_gpt):
         generate(tiny_gpt, prompt(3, 64), 2, decoder="compiled")
     with pytest.raises(TypeError, match="factory"):
         generate(tiny_gpt, prompt(3, 64), 2, decoder=3)
+
+
+def test_step_weights_are_shared_until_a_parameter_changes():
+    from kvlib.fast import step_weights
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
+        other = GPT(model.config).eval()
+    first = step_weights(model)
+    assert step_weights(model) is first  # built once, shared by every decoder of this model state
+    model.load_state_dict(other.state_dict())  # in-place copies: the version counters move
+    second = step_weights(model)
+    assert second is not first and torch.equal(second.wpe, other.transformer.wpe.weight)
+    model.transformer.wpe.weight = torch.nn.Parameter(torch.zeros_like(model.transformer.wpe.weight))  # replaced
+    assert torch.equal(step_weights(model).wpe, torch.zeros_like(second.wpe))
+    idx = prompt(5, 64)
+    dec = FastDecoder(model, 1)
+    dec(idx[:, :4])
+    assert max_diff(dec(idx[:, 4:]), model(idx)[0][:, -1]) <= ATOL

@@ -1,0 +1,27 @@
+"""Prose that cannot drift from its numbers: a sentence that depends on the run is checked where it is shown.
+
+A notebook's markdown says only what holds on every machine; a claim about *this* run ("流 is outside
+the top 8", "two threads do not help here") is restated in the code cell that shows the evidence::
+
+    claim(rank > 8, "流 is not among the model's top 8", f"rank {rank}")
+
+It prints the claim with a tick, or fails the cell (and so nbval) with the claim quoted and the
+evidence that contradicts it, for example after a retrain or on another machine.
+"""
+from __future__ import annotations
+
+
+class ClaimError(AssertionError):
+    """A sentence of the notebook is contradicted by this run."""
+
+
+def claim(holds, text: str, evidence: str = "") -> str:
+    """Print ``✓ text`` when ``holds`` is true; otherwise raise :class:`ClaimError` quoting it."""
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"text must be the sentence being checked, got {text!r}")
+    if not bool(holds):
+        raise ClaimError(f"the notebook says “{text}”, but this run disagrees"
+                         + (f": {evidence}" if evidence else ""))
+    line = f"✓ {text}" + (f"  ({evidence})" if evidence else "")
+    print(line)
+    return line

@@ -1,0 +1,20 @@
+"""claim(): a sentence of the prose, checked against the run that shows its evidence."""
+import pytest
+
+from kvlib.notebook.claims import ClaimError, claim
+
+
+def test_a_true_claim_prints_with_its_evidence(capsys):
+    claim(3 > 2, "three is more than two", "3 vs 2")
+    assert capsys.readouterr().out == "✓ three is more than two  (3 vs 2)\n"
+
+
+def test_a_false_claim_fails_quoting_the_sentence():
+    with pytest.raises(ClaimError, match="the notebook says “the lead grows”, but this run disagrees: 2.0x then 1.4x"):
+        claim(False, "the lead grows", "2.0x then 1.4x")
+    assert issubclass(ClaimError, AssertionError)
+
+
+def test_a_claim_needs_its_sentence():
+    with pytest.raises(TypeError, match="sentence"):
+        claim(True, "")

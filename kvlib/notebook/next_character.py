@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ..text import top_next
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import display, format_top, message_html, png_image, require_str, unknown_message
+from .show import LiveWidget, bars_html, display, format_top, message_html, require_str, unknown_message
 
 
 @dataclass
@@ -43,7 +43,7 @@ def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
 
 
 class PromptBox:
-    """A text box and a k slider above the top-k bar chart of the next character."""
+    """A text box and a k slider beside the top-k bars of the next character (HTML, a fixed size)."""
 
     def __init__(self, model, tokenizer, text: str = "春风", k: int = 8):
         import ipywidgets as w
@@ -53,30 +53,26 @@ class PromptBox:
                              placeholder="type Chinese characters, then press Enter",
                              layout=w.Layout(width="420px"))
         self.k = w.IntSlider(value=k, min=3, max=20, description="top k", continuous_update=False)
-        self.message = w.HTML()
-        self.image = w.Image(format="png")
-        self.widget = w.VBox([w.HBox([self.prompt, self.k]), self.message, self.image])
+        self.chart = w.HTML()
+        self.widget = w.VBox([w.HBox([self.prompt, self.k]), self.chart])
         self.view: NextView | None = None
-        self.png = b""  # the chart as PNG bytes, as last drawn
         self.prompt.observe(self.update, "value")
         self.k.observe(self.update, "value")
         self.update()
 
+    def html(self) -> str:
+        """What the chart area shows now: the bars, or the message in their place."""
+        v = self.view
+        if not v.ok:
+            return message_html(v.message)
+        shown = v.text if v.text else "(a poem's start)"
+        return bars_html(v.chars, v.probs, title=f"「{shown}」→ ?  the {len(v.chars)} most likely next tokens")
+
     def update(self, change=None) -> NextView:
         self.view = next_view(self.model, self.tokenizer, self.prompt.value, self.k.value)
-        if self.view.ok:
-            self.message.value = ""
-            self.png = plots.figure_png(self.view.figure())
-            self.image.value = self.png
-            self.image.layout.display = None
-        else:
-            self.message.value = message_html(self.view.message)
-            self.image.layout.display = "none"
+        self.chart.value = self.html()
         return self.view
 
     def show(self) -> None:
-        """The live widget, then a static copy of what it shows now."""
-        display(self.widget)
-        if self.view.ok:
-            display(png_image(self.png))
-        print(self.view.summary())
+        """The live widget (with a static copy for readers without a kernel)."""
+        display(LiveWidget(self.widget, self.html()))

@@ -17,7 +17,7 @@ from ..sampling import probabilities
 from ..text import encode_prompt
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import display, message_html, png_image, require_str, unknown_message
+from .show import LiveWidget, bars_html, display, message_html, require_str, unknown_message
 
 SEPARATOR_LABEL = "⏎"
 
@@ -59,7 +59,8 @@ class ExplorerView:
 
     def title(self) -> str:
         shown = self.prompt if self.prompt else "(a poem's start)"
-        return f"「{shown}」→ ?   kept: {self.n_kept:,} tokens"
+        kept = "1 token kept" if self.n_kept == 1 else f"{self.n_kept:,} tokens kept"
+        return f"「{shown}」→ ?   first step: {kept} (orange)"
 
 
 def _filters(top_k, top_p) -> tuple[int | None, float | None]:
@@ -120,7 +121,8 @@ class SliderExplorer:
     """Temperature, top-k, top-p and seed sliders plus a prompt, above a poem and the first step's bars.
 
     Any change writes a new poem of ``n_chars`` characters and redraws the bars: orange bars are
-    the tokens the filters keep, blue ones are dropped. ``timing`` holds the last update's
+    the tokens the filters keep, blue ones are dropped (at temperature 0 only the winner is drawn).
+    ``timing`` holds the last update's
     milliseconds until the poem was shown (``poem_ms``) and until the bars were redrawn (``update_ms``),
     as wall-clock time and as this process's CPU time (``*_cpu_ms``: what the update costs when
     the machine is busy with other work).
@@ -141,14 +143,12 @@ class SliderExplorer:
         self.top_p = w.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05,
                                    description="top-p (1 off)", **slider)
         self.seed = w.IntSlider(value=seed, min=0, max=99, description="seed", **slider)
-        self.poem = w.HTML()
+        self.poem = w.HTML(layout=w.Layout(width="440px"))
         self.info = w.HTML()
-        self.image = w.Image(format="png")
-        controls = w.VBox([self.prompt, self.temperature, self.top_k, self.top_p, self.seed])
-        self.widget = w.VBox([controls, self.poem, self.info, self.image])
-        self.bars = plots.LiveBars(n_bars)
-        self._drawn = None  # the settings the bars were last drawn for
-        self.png = b""      # the chart as PNG bytes, as last drawn
+        self.chart = w.HTML()
+        controls = w.VBox([self.prompt, self.temperature, self.top_k, self.top_p, self.seed, self.info, self.poem])
+        self.widget = w.HBox([controls, self.chart])  # side by side: sliders and bars on screen together
+        self.n_bars = n_bars
         self.view: ExplorerView | None = None
         self.timing: dict[str, float] = {}
         for control in (self.prompt, self.temperature, self.top_k, self.top_p, self.seed):
@@ -158,35 +158,31 @@ class SliderExplorer:
     def update(self, change=None) -> ExplorerView:
         start, cpu_start = time.perf_counter(), time.process_time()
         view = explore(self.model, self.tokenizer, self.prompt.value, self.temperature.value,
-                       self.top_k.value, self.top_p.value, self.seed.value, self.n_chars, self.bars.n_bars)
+                       self.top_k.value, self.top_p.value, self.seed.value, self.n_chars, self.n_bars)
         self.view = view
-        if not view.ok:
-            self.poem.value = message_html(view.message)
-            self.info.value = ""
-            self.timing = {"poem_ms": 1e3 * (time.perf_counter() - start),
-                           "poem_cpu_ms": 1e3 * (time.process_time() - cpu_start)}
-            return view
-        self.poem.value = poem_html(view.prompt, view.poem)
+        self.poem.value, self.info.value, chart = self._html(view)
         poem_done, poem_cpu = time.perf_counter(), time.process_time()
-        self.info.value = f'<p style="font-size:14px">{html.escape(view.settings())}<br>{html.escape(view.kept_line())}</p>'
-        key = (view.prompt, view.temperature, view.top_k, view.top_p)
-        if key != self._drawn:  # a new seed alone leaves the first step's distribution as it was
-            kept = [c for c, k in zip(view.chars, view.kept) if k]
-            self.bars.update(view.chars, view.probs, highlight=kept, title=view.title())
-            self.png = self.bars.png()
-            self.image.value = self.png
-            self._drawn = key
+        self.chart.value = chart
         end, cpu_end = time.perf_counter(), time.process_time()
         self.timing = {"poem_ms": 1e3 * (poem_done - start), "update_ms": 1e3 * (end - start),
                        "poem_cpu_ms": 1e3 * (poem_cpu - cpu_start), "update_cpu_ms": 1e3 * (cpu_end - cpu_start)}
         return view
 
+    @staticmethod
+    def _html(view: ExplorerView) -> tuple[str, str, str]:
+        """(poem, settings line, chart) for a view; a bad input clears the chart and says why."""
+        settings = f'<p style="font-size:14px">{html.escape(view.settings())}'
+        if not view.ok:
+            return message_html(view.message), settings + "</p>", ""
+        kept = [c for c, k in zip(view.chars, view.kept) if k]
+        probs = view.probs if view.temperature > 0 else [p if k else 0.0 for p, k in zip(view.probs, view.kept)]
+        return (poem_html(view.prompt, view.poem), f"{settings}<br>{html.escape(view.kept_line())}</p>",
+                bars_html(view.chars, probs, highlight=kept, title=view.title()))
+
     def show(self) -> None:
-        """The live widget, then a static copy of what it shows now."""
-        display(self.widget)
-        if self.view.ok:
-            display(png_image(self.png))
-        print(self.view.summary())
+        """The live widget (with a static copy for readers without a kernel)."""
+        poem, info, chart = self._html(self.view)
+        display(LiveWidget(self.widget, f'<div style="display:flex;gap:24px"><div>{info}{poem}</div>{chart}</div>'))
 
 
 def measure_update_latency(model=None, tokenizer=None, repeats: int = 7, **settings) -> dict[str, float]:

@@ -36,17 +36,25 @@ def test_next_view_unknown_characters_give_a_message(char):
 def test_prompt_box_redraws_on_new_values(char):
     model, tok = char
     box = next_character.PromptBox(model, tok, "春风", k=8)
-    assert box.view.ok and box.png.startswith(PNG) and bytes(box.image.value) == box.png
-    assert len(box.view.chars) == 8
-    first_png = box.png
+    assert box.view.ok and len(box.view.chars) == 8
+    first = box.chart.value
+    assert first.count("%</span>") == 8 and "「春风」" in first
     box.prompt.value = "床前明月光，疑是地上"
-    assert box.view.text == "床前明月光，疑是地上" and box.png != first_png
+    assert box.view.text == "床前明月光，疑是地上" and box.chart.value != first
     box.k.value = 12
-    assert len(box.view.chars) == 12
+    assert len(box.view.chars) == 12 and box.chart.value.count("%</span>") == 12
     box.prompt.value = "hello 春风"
-    assert not box.view.ok and "「h」" in box.message.value and box.image.layout.display == "none"
+    assert not box.view.ok and "「h」" in box.chart.value and "%</span>" not in box.chart.value  # no stale chart
     box.prompt.value = "春风"
-    assert box.view.ok and box.message.value == "" and box.image.layout.display is None
+    assert box.view.ok and box.chart.value.count("%</span>") == 12
+
+
+def test_prompt_box_output_carries_a_static_copy(char):
+    model, tok = char
+    box = next_character.PromptBox(model, tok, "春风", k=8)
+    bundle = show.LiveWidget(box.widget, box.html())._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert show.STATIC_NOTE in bundle["text/html"] and box.html() in bundle["text/html"]
 
 
 def test_prompt_box_empty_prompt_is_a_poem_start(char):

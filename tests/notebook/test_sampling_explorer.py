@@ -62,22 +62,23 @@ def test_slider_explorer_updates_when_sliders_move(char):
     model, tok = char
     ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", temperature=1.0, top_k=8, top_p=1.0, seed=0)
     assert ex.view.ok and ex.view.top_k == 8 and ex.view.top_p is None
-    assert ex.png.startswith(PNG) and bytes(ex.image.value) == ex.png and "春风" in ex.poem.value
+    assert ex.chart.value.count("%</span>") == 12 and "春风" in ex.poem.value and "top-k 8" in ex.info.value
     assert set(ex.timing) == {"poem_ms", "update_ms", "poem_cpu_ms", "update_cpu_ms"}
 
-    png, poem = ex.png, ex.view.poem
+    chart, poem = ex.chart.value, ex.view.poem
     ex.seed.value = 1  # a new poem; the first step's distribution is unchanged, so the chart stays
-    assert ex.view.seed == 1 and ex.view.poem != poem and ex.png is png
+    assert ex.view.seed == 1 and ex.view.poem != poem and ex.chart.value == chart and "seed 1" in ex.info.value
 
     ex.top_k.value = 0  # off
-    assert ex.view.top_k is None and ex.view.n_kept == tok.vocab_size and ex.png != png
+    assert ex.view.top_k is None and ex.view.n_kept == tok.vocab_size and ex.chart.value != chart
     ex.top_p.value = 0.5
     assert ex.view.top_p == 0.5 and 1 <= ex.view.n_kept < tok.vocab_size
     ex.temperature.value = 0.0
     assert ex.view.n_kept == 1 and len(ex.view.poem) == 48
+    assert ex.chart.value.count("%</span>") == 1 and "1 token kept" in ex.chart.value  # only what is kept
 
     ex.prompt.value = "ab"
-    assert not ex.view.ok and "「a」" in ex.poem.value
+    assert not ex.view.ok and "「a」" in ex.poem.value and ex.chart.value == ""  # no stale chart
     ex.prompt.value = ""
     assert ex.view.ok and ex.view.prompt == "" and len(ex.view.poem) == 48
 

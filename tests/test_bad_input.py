@@ -452,7 +452,7 @@ def stepper_full(w: World):
 def stepper_widget(w: World, prompt: str):
     from kvlib.notebook.cache_stepper import StepperWidget
 
-    sw = StepperWidget(w.model, w.tok, prompt, dpi=20)
+    sw = StepperWidget(w.model, w.tok, prompt)
     assert sw.step_button.disabled
     return sw
 
@@ -460,7 +460,7 @@ def stepper_widget(w: World, prompt: str):
 def stepper_widget_step_after_bad_prompt(w: World):
     from kvlib.notebook.cache_stepper import StepperWidget
 
-    sw = StepperWidget(w.model, w.tok, "春", dpi=20)
+    sw = StepperWidget(w.model, w.tok, "春")
     sw.prompt_box.value = "hello"
     # A click that reaches Python although the button is disabled. ipywidgets logs a callback's
     # exception instead of raising it, so listen to its logger.
@@ -524,9 +524,9 @@ WIDGET_CASES = [
     ("stepper: negative temperature", lambda w: _stepper().CacheStepper(w.model, w.tok, "春", temperature=-1),
      ["temperature", ">= 0", "-1"]),
     ("stepper: step with a full cache", stepper_full, ["cache is full", "16 positions", "reset"]),
-    ("stepper widget: unknown characters", lambda w: stepper_widget(w, "hello"), ["helo", "not in the vocabulary"]),
+    ("stepper widget: unknown characters", lambda w: stepper_widget(w, "hello"), ["「h」、「e」、「l」、「o」", "does not know"]),
     ("stepper widget: Step after a bad prompt", stepper_widget_step_after_bad_prompt,
-     ["helo", "not in the vocabulary"]),
+     ["「h」、「e」、「l」、「o」", "does not know"]),
     ("memory calculator: unknown dtype", lambda w: _memory().dtype_bytes("int4"), ["dtype", "bfloat16", "'int4'"]),
     ("memory calculator: batch 0", lambda w: _memory().SHAPES["GPT-2 small"].kv_cache_bytes(1024, 0),
      ["batch", "positive int", "got 0"]),

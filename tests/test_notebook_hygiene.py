@@ -203,7 +203,7 @@ def _library_calls():
         "explore": lambda m, t: sampling_explorer.explore(m, t, "春", 1.2, 5, 0.9, seed=4, n_chars=8),
         "acrostic_view": lambda m, t: acrostic_writer.acrostic_view(m, t, "春夜", 5, seed=2),
         "CacheStepper.run": lambda m, t: stepper.CacheStepper(m, t, "春", temperature=1.0).run(3),
-        "StepperWidget Step": lambda m, t: cache_stepper.StepperWidget(m, t, "春", dpi=20).step_button.click(),
+        "StepperWidget Step": lambda m, t: cache_stepper.StepperWidget(m, t, "春").step_button.click(),
     })
     return calls
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..constraints import acrostic, max_lines, poem_lines
+from ..constraints import acrostic, poem_lines
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import display, message_html, require_str, unknown_message
+from .show import LiveWidget, display, message_html, require_str, unknown_message
 
 
 @dataclass
@@ -66,23 +66,34 @@ class AcrosticWriter:
                             placeholder="one character per line")
         self.chars_per_line = w.ToggleButtons(options=[5, 7], value=chars_per_line,
                                               description="per line")
+        wide = dict(style={"description_width": "90px"}, layout=w.Layout(width="420px"))
         self.temperature = w.FloatSlider(value=temperature, min=0.05, max=1.5, step=0.05,
-                                         description="temperature", continuous_update=False)
-        self.seed = w.IntSlider(value=seed, min=0, max=2000, description="seed", continuous_update=False)
+                                         description="temperature", continuous_update=False, **wide)
+        self.seed = w.IntSlider(value=seed, min=0, max=2000, description="seed", continuous_update=False, **wide)
+        self.info = w.HTML()
         self.poem = w.HTML()
-        self.widget = w.VBox([self.heads, self.chars_per_line, self.temperature, self.seed, self.poem])
+        self.widget = w.VBox([self.heads, self.chars_per_line, self.temperature, self.seed, self.info, self.poem])
         self.view: AcrosticView | None = None
         for control in (self.heads, self.chars_per_line, self.temperature, self.seed):
             control.observe(self.update, "value")
         self.update()
 
     def update(self, change=None) -> AcrosticView:
+        before = self.view
         self.view = acrostic_view(self.model, self.tokenizer, self.heads.value, self.chars_per_line.value,
                                   self.temperature.value, self.seed.value)
         self.poem.value = self.view.html()
+        self.info.value = self._info(before)
         return self.view
 
+    def _info(self, before: AcrosticView | None) -> str:
+        """The settings the poem was written with, and whether the last change changed the poem."""
+        line = (f"{self.chars_per_line.value} characters a line, temperature {self.temperature.value:.2f}, "
+                f"seed {self.seed.value}")
+        if before is not None and self.view.ok and before.ok and before.poem == self.view.poem:
+            line += " — the same poem as before: with this seed the draws still pick the same characters"
+        return f'<p style="font-size:14px;color:#555">{html.escape(line)}</p>'
+
     def show(self) -> None:
-        """The live widget, then a static copy of the poem it shows now."""
-        display(self.widget)
-        print(self.view.summary())
+        """The live widget (with a static copy of its poem for readers without a kernel)."""
+        display(LiveWidget(self.widget, self._info(None) + self.view.html()))

@@ -1,82 +1,97 @@
-"""Notebook 4's stepper on screen: :func:`draw` pictures a :class:`~kvlib.stepper.StepView`, and
+"""Notebook 4's stepper on screen: :func:`view_html` pictures a :class:`~kvlib.stepper.StepView` as
+HTML and SVG (drawn by the browser: crisp, a fixed size, fast enough for every Step), and
 :class:`StepperWidget` puts Step / Reset buttons, a prompt and a temperature around a stepper."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
-from matplotlib.figure import Figure
+import html
 
 from ..model import GPT
 from ..stepper import CacheStepper, StepView, token_label
-from . import plots
-from .fonts import char_label
+from ..tokenizer import UnknownCharacterError
+from .show import HIGHLIGHT_COLOR, LiveWidget, bars_html, display, html_label, message_html, unknown_message
+
+CELL = 5          # px per cache slot in the cache picture
+ROW = 14          # px per layer (cache) and per head (attention)
+LABEL_W = 64      # px for the row labels
+MAX_LABELS = 40   # above this many positions the attention columns are numbered, not labelled
 
 
-# ---- the picture --------------------------------------------------------------------------------
+def _shade(value: float, dark: tuple[int, int, int]) -> str:
+    """White at 0, ``dark`` at 1."""
+    v = min(max(value, 0.0), 1.0)
+    r, g, b = (round(255 + (c - 255) * v) for c in dark)
+    return f"#{r:02x}{g:02x}{b:02x}"
 
-def draw(view: StepView, max_labels: int = 40) -> Figure:
-    """Three panels: the top-10 distribution, the cache's filled slots, and the attention per head."""
-    fig = Figure(figsize=(14, 7.6))  # fixed axes: much faster to draw than a layout engine
-    ax_bars = fig.add_axes((0.045, 0.08, 0.2, 0.83))
-    ax_cache = fig.add_axes((0.34, 0.75, 0.58, 0.17))
-    ax_attn = fig.add_axes((0.34, 0.1, 0.58, 0.5))
-    ax_color = fig.add_axes((0.94, 0.1, 0.012, 0.5))
 
-    # 1. The distribution the chosen token came from (or, before any step, the next one).
-    highlight = [] if view.chosen_label is None else [view.chosen_label]
-    plots.bar_top_k([char_label(c) for c in view.top_labels], view.top_probs, ax=ax_bars,
-                    highlight=[char_label(c) for c in highlight])
-    if view.chosen is None:
-        ax_bars.set_title("next-token distribution\n(press Step to draw)")
-    else:
-        ax_bars.set_title(f"step {view.step}: drew 「{char_label(view.chosen_label)}」")
+def _text(x, y, s, size=13, anchor="start", color="#222", weight="normal") -> str:
+    return (f'<text x="{x}" y="{y}" font-size="{size}" text-anchor="{anchor}" fill="{color}" '
+            f'font-weight="{weight}">{html.escape(s)}</text>')
 
-    # 2. The cache: one row per layer, one column per slot, coloured where a key is stored.
-    norms = np.ma.masked_equal(view.key_norms.float().numpy(), 0.0)
-    cmap = _cmap("Blues")
-    L = norms.shape[0]
-    ax_cache.imshow(norms, aspect="auto", cmap=cmap, interpolation="nearest",
-                    extent=(-0.5, view.max_len - 0.5, L - 0.5, -0.5))
-    ax_cache.axvline(view.prompt_length - 0.5, color="grey", lw=1, ls="--")  # prompt | generated
-    ax_cache.add_patch(_outline(view.query_position, L))
-    ax_cache.set_yticks(range(L), [f"layer {i}" for i in range(L)])
-    ax_cache.set_xlabel("cache slot (position)")
-    ax_cache.set_title(f"keys in the cache: {view.cache_length} of {view.max_len} slots written in every "
-                       f"layer (orange: newest)")
 
-    # 3. The newest token's attention over the cached positions, one row per (layer, head).
+def cache_svg(view: StepView) -> str:
+    """The cache: one row per layer, one column per slot, blue where a key is stored (darker = larger)."""
+    norms = view.key_norms
+    L, M = norms.shape
+    top = float(norms.max()) or 1.0
+    w, h = LABEL_W + M * CELL + 10, 34 + L * ROW + 22
+    parts = [_text(0, 16, f"keys in the cache: {view.cache_length} of {view.max_len} slots written in every "
+                          f"layer (orange: newest)", 14, weight="600")]
+    for layer in range(L):
+        y = 26 + layer * ROW
+        parts.append(_text(0, y + ROW - 3, f"layer {layer}"))
+        for slot in range(M):
+            value = float(norms[layer, slot])
+            fill = _shade(0.25 + 0.75 * value / top, (8, 48, 107)) if value > 0 else "#f4f4f4"
+            parts.append(f'<rect x="{LABEL_W + slot * CELL}" y="{y}" width="{CELL - 1}" height="{ROW - 2}" fill="{fill}"/>')
+    x_new = LABEL_W + view.query_position * CELL
+    parts.append(f'<rect x="{x_new - 1}" y="25" width="{CELL + 1}" height="{L * ROW}" fill="none" '
+                 f'stroke="{HIGHLIGHT_COLOR}" stroke-width="2"/>')
+    x_prompt = LABEL_W + view.prompt_length * CELL - 1
+    parts.append(f'<line x1="{x_prompt}" y1="22" x2="{x_prompt}" y2="{28 + L * ROW}" stroke="#777" '
+                 f'stroke-dasharray="3,2"/>')
+    parts.append(_text(LABEL_W, 26 + L * ROW + 16, "slot 0", 12))
+    parts.append(_text(LABEL_W + M * CELL, 26 + L * ROW + 16, f"slot {M - 1}", 12, "end"))
+    return f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
+
+
+def attention_svg(view: StepView) -> str:
+    """The newest token's attention over the cached positions, one row per (layer, head); darker = more."""
     L, H, S = view.attention.shape
-    weights = view.attention.reshape(L * H, S).float().numpy()
-    im = ax_attn.imshow(weights, aspect="auto", cmap="magma_r", vmin=0, vmax=1, interpolation="nearest")
-    for layer in range(1, L):
-        ax_attn.axhline(layer * H - 0.5, color="white", lw=2)
-    ax_attn.set_yticks(range(L * H), [f"L{layer} h{head}" for layer in range(L) for head in range(H)],
-                       fontsize=plots.FONT_SIZE - 3)
-    if S <= max_labels:
-        ax_attn.set_xticks(range(S), [char_label(c) for c in view.labels[:S]])
-        ax_attn.set_xlabel("cached position (its token)")
+    cell = max(CELL, min(22, 640 // max(S, 1)))
+    labelled = S <= MAX_LABELS
+    w, h = LABEL_W + S * cell + 10, 30 + L * H * ROW + (28 if labelled else 22)
+    query = html_label(view.labels[view.query_position])
+    parts = [_text(0, 16, f"attention of 「{html.unescape(query)}」 (position {view.query_position}) over the "
+                          f"{S} cached positions, one row per head", 14, weight="600")]
+    weights = view.attention.reshape(L * H, S)
+    for row in range(L * H):
+        y = 24 + row * ROW + (row // H) * 0
+        parts.append(_text(0, y + ROW - 3, f"L{row // H} h{row % H}", 12))
+        for j in range(S):
+            fill = _shade(float(weights[row, j]), (60, 15, 90))
+            parts.append(f'<rect x="{LABEL_W + j * cell}" y="{y}" width="{cell - 1}" height="{ROW - 1}" fill="{fill}"/>')
+        if row % H == H - 1 and row < L * H - 1:
+            parts.append(f'<line x1="{LABEL_W}" y1="{y + ROW}" x2="{LABEL_W + S * cell}" y2="{y + ROW}" '
+                         f'stroke="#fff" stroke-width="2"/>')
+    base = 24 + L * H * ROW + 16
+    if labelled:
+        for j in range(S):
+            parts.append(_text(LABEL_W + j * cell + cell / 2, base, html.unescape(html_label(view.labels[j])),
+                               13, "middle"))
     else:
-        ticks = list(range(0, S, max(1, math.ceil(S / 16))))
-        ax_attn.set_xticks(ticks, [str(t) for t in ticks])
-        ax_attn.set_xlabel("cached position")
-    query = char_label(view.labels[view.query_position])
-    ax_attn.set_title(f"attention of 「{query}」 (position {view.query_position}) over the {S} cached "
-                      f"positions, one row per head")
-    fig.colorbar(im, cax=ax_color, label="weight")
-    return fig
+        for j in range(0, S, 16):
+            parts.append(_text(LABEL_W + j * cell, base, str(j), 12))
+    return f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
 
 
-def _cmap(name: str):
-    from matplotlib import colormaps
-
-    return colormaps[name].with_extremes(bad="white")  # empty slots are white
-
-
-def _outline(position: int, n_layers: int):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((position - 0.5, -0.5), 1, n_layers, fill=False, ec=plots.HIGHLIGHT_COLOR, lw=2.5)
+def view_html(view: StepView) -> str:
+    """The three panels: the distribution the token came from, the cache's slots, the attention per head."""
+    highlight = [] if view.chosen_label is None else [view.chosen_label]
+    title = ("next-token distribution (press Step to draw)" if view.chosen is None
+             else f"step {view.step}: drew 「{html_label(view.chosen_label)}」")
+    bars = bars_html(view.top_labels, view.top_probs, highlight=highlight, title=title, width=300)
+    return (f'<div style="display:flex;gap:24px;align-items:flex-start">{bars}'
+            f'<div>{cache_svg(view)}<br>{attention_svg(view)}</div></div>')
 
 
 # ---- the widget -------------------------------------------------------------------------------
@@ -89,34 +104,30 @@ class StepperWidget:
     """
 
     def __init__(self, model: GPT, tokenizer, prompt: str = "床前看月光，", *, temperature: float = 0.8,
-                 seed: int = 1337, dpi: int = 80):
+                 seed: int = 1337):
         import ipywidgets as w
 
-        self.model, self.tokenizer, self.seed, self.dpi = model, tokenizer, seed, dpi
-        self.prompt_box = w.Text(value=prompt, description="prompt")
-        self.temperature = w.FloatSlider(value=temperature, min=0.0, max=1.5, step=0.05,
-                                         description="temperature", continuous_update=False)
+        self.model, self.tokenizer, self.seed = model, tokenizer, seed
+        self.prompt_box = w.Text(value=prompt, description="prompt", continuous_update=False)
+        self.temperature = w.FloatSlider(value=temperature, min=0.0, max=1.5, step=0.05, description="temperature",
+                                         continuous_update=False, style={"description_width": "90px"},
+                                         layout=w.Layout(width="380px"))
         self.step_button = w.Button(description="Step", button_style="primary", icon="forward")
         self.reset_button = w.Button(description="Reset", icon="refresh")
         self.status = w.HTML()
-        self.image = w.Image(format="png")
+        self.picture = w.HTML()
         self.step_button.on_click(lambda _: self._step())
         self.reset_button.on_click(lambda _: self._restart())
         self.prompt_box.observe(lambda _: self._restart(), names="value")
         self.temperature.observe(lambda _: self._restart(), names="value")
         self.widget = w.VBox([w.HBox([self.prompt_box, self.temperature, self.step_button, self.reset_button]),
-                              self.status, self.image])
+                              self.status, self.picture])
         self.stepper: CacheStepper | None = None
         self._restart()
 
     def show(self) -> None:
-        """The live widget, then a static copy of what it shows now (for readers without a kernel)."""
-        from IPython.display import Image, display
-
-        display(self.widget)
-        if self.stepper is not None:
-            display(Image(data=bytes(self.image.value), format="png"))
-            print(self.summary())
+        """The live widget (with a static copy of what it shows now, for readers without a kernel)."""
+        display(LiveWidget(self.widget, self.status.value + self.picture.value))
 
     def summary(self) -> str:
         """The current state in one line of text."""
@@ -129,17 +140,26 @@ class StepperWidget:
 
     def _restart(self) -> None:
         try:
-            self.stepper = CacheStepper(self.model, self.tokenizer, self.prompt_box.value,
-                                        temperature=self.temperature.value, seed=self.seed)
-        except ValueError as e:  # e.g. a character the model has no id for
-            self.stepper = None
-            self.step_button.disabled = True
-            self.status.value = f"<span style='color:#b00'>{_escape(str(e))}</span>"
+            stepper = CacheStepper(self.model, self.tokenizer, self.prompt_box.value,
+                                   temperature=self.temperature.value, seed=self.seed)
+        except UnknownCharacterError as e:
+            self._refuse(unknown_message(e))
             return
+        except ValueError as e:  # a prompt longer than the cache
+            self._refuse(f"{e}. Use a shorter prompt.")
+            return
+        self.stepper = stepper
         self._refresh()
 
+    def _refuse(self, message: str) -> None:
+        """An invalid prompt: no stepper, no stale picture, one message."""
+        self.stepper = None
+        self.step_button.disabled = True
+        self.status.value = message_html(message)
+        self.picture.value = ""
+
     def _step(self) -> None:
-        if self.stepper is None:  # the prompt is invalid: its error message stays on show
+        if self.stepper is None:  # the prompt is invalid: its message stays on show
             return
         if self.stepper.can_step:
             self.stepper.step()
@@ -148,16 +168,13 @@ class StepperWidget:
     def _refresh(self) -> None:
         s = self.stepper
         self.step_button.disabled = not s.can_step
-        prompt = _escape(self.tokenizer.decode(s.prompt_ids[1:]))
-        new = [_escape(self.tokenizer.decode([t])) for t in s.tokens[len(s.prompt_ids):]]
+        prompt = html.escape(self.tokenizer.decode(s.prompt_ids[1:]))
+        new = [html.escape(self.tokenizer.decode([t])) for t in s.tokens[len(s.prompt_ids):]]
         if new:
-            new[-1] = f"<b style='color:{plots.HIGHLIGHT_COLOR}'>{new[-1]}</b>"
-        full = "" if s.can_step else " — the cache is full: press Reset"
+            new[-1] = f"<b style='color:{HIGHLIGHT_COLOR}'>{new[-1]}</b>"
+        full = "" if s.can_step else " — the cache is full: change the prompt or press Reset to start again"
         self.status.value = (f"<span style='font-size:20px'><span style='color:#777'>{prompt}</span>"
                              f"{''.join(new)}</span><br>step {s.steps}, cache length {s.cache.length} "
-                             f"of {s.cache.max_len}{full}").replace("\n", "⏎")
-        self.image.value = plots.figure_png(draw(s.view()), self.dpi)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+                             f"of {s.cache.max_len}, temperature {s.temperature:.2f}, seed {s.seed}{full}"
+                             ).replace("\n", "⏎")
+        self.picture.value = view_html(s.view())

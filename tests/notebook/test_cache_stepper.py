@@ -12,7 +12,7 @@ from kvlib.decoding import generate
 from kvlib.sampling import probabilities
 from kvlib.notebook import plots
 from kvlib.notebook.fonts import char_label
-from kvlib.notebook.cache_stepper import StepperWidget, draw
+from kvlib.notebook.cache_stepper import StepperWidget, view_html
 from kvlib.stepper import CacheStepper
 from kvlib.tokenizer import CharTokenizer
 
@@ -54,40 +54,43 @@ def full_attention(model, tokens):
     return torch.stack(weights), [outputs[i][0, -1] for i in range(len(blocks))]
 
 
-def test_figure_draws_without_missing_glyphs(tiny_gpt, tok):
+def test_picture_shows_the_view(tiny_gpt, tok):
     s = CacheStepper(tiny_gpt, tok, "床前明月光", temperature=0.8)
     s.run(3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fig = draw(s.view())
-        png = plots.figure_png(fig)
-        long = draw(s.view(), max_labels=4)  # too many positions for character labels: numbers instead
-        long.savefig(io.BytesIO(), format="png")
-    assert png.startswith(b"\x89PNG") and len(fig.axes) == 4  # bars, cache, attention, colour bar
-    labels = [t.get_text() for t in fig.axes[2].get_xticklabels()]
-    assert labels == [char_label(c) for c in s.view().labels]  # the separator drawn as ⏎
-    assert [t.get_text() for t in long.axes[2].get_xticklabels()][0] == "0"
+    view = s.view()
+    picture = view_html(view)
+    assert picture.count("<svg") == 2 and f"step 3: drew 「{view.chosen_label}」" in picture
+    assert f"{view.cache_length} of {view.max_len} slots" in picture
+    L, H, S = view.attention.shape
+    assert picture.count("<text") >= L * H + S  # a label per head row and per position (S is small)
+    assert "⏎" in picture and "\n" not in picture.split("<svg", 1)[1]  # the separator drawn as ⏎
+    longer = CacheStepper(tiny_gpt, tok, "床前明月光", temperature=0.8)
+    longer.run(10)
+    assert "position" in view_html(longer.view())
 
 
 def test_widget_steps_resets_and_reports_bad_prompts(tiny_gpt, tok):
-    ui = StepperWidget(tiny_gpt, tok, "春风", temperature=0.0, dpi=30)
-    first = bytes(ui.image.value)  # ipywidgets hands the bytes back as a memoryview
-    assert first.startswith(b"\x89PNG") and ui.stepper.steps == 0
+    ui = StepperWidget(tiny_gpt, tok, "春风", temperature=0.0)
+    first = ui.picture.value
+    assert first.startswith("<div") and ui.stepper.steps == 0
     ui.step_button.click()
     ui.step_button.click()
-    assert ui.stepper.steps == 2 and bytes(ui.image.value) != first
-    assert "step 2" in ui.status.value
+    assert ui.stepper.steps == 2 and ui.picture.value != first
+    assert "step 2" in ui.status.value and "temperature 0.00" in ui.status.value
     ui.reset_button.click()
-    assert ui.stepper.steps == 0 and bytes(ui.image.value) == first
+    assert ui.stepper.steps == 0 and ui.picture.value == first
     ui.temperature.value = 1.0
     assert ui.stepper.temperature == 1.0
     ui.prompt_box.value = "猫"
-    assert ui.stepper is None and ui.step_button.disabled and "猫" in ui.status.value
+    assert ui.stepper is None and ui.step_button.disabled and "「猫」" in ui.status.value
+    assert ui.picture.value == ""  # no stale picture under the message
     ui.prompt_box.value = "白日"
     assert ui.stepper.prompt == "白日" and not ui.step_button.disabled
     for _ in range(20):
         ui.step_button.click()
     assert not ui.stepper.can_step and ui.step_button.disabled and "full" in ui.status.value
+    ui.prompt_box.value = "春" * 20
+    assert ui.stepper is None and "shorter prompt" in ui.status.value and "Reset" not in ui.status.value
 
 
 def test_notebook_plots_draw_without_missing_glyphs(tiny_gpt, tok):
@@ -120,7 +123,7 @@ def test_notebook_plots_draw_without_missing_glyphs(tiny_gpt, tok):
 
 
 def test_widget_ignores_step_while_the_prompt_is_bad(tiny_gpt, tok):
-    ui = StepperWidget(tiny_gpt, tok, "春", dpi=20)
+    ui = StepperWidget(tiny_gpt, tok, "春")
     ui.prompt_box.value = "猫"
     ui._step()  # a click that reaches Python although the button is disabled
-    assert ui.stepper is None and "not in the vocabulary" in ui.status.value
+    assert ui.stepper is None and "does not know 「猫」" in ui.status.value

@@ -177,24 +177,37 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
 def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, block_size: int,
                       temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                       generator: torch.Generator | None = None, eos_id: int | None = None,
-                      logits_hook: Callable | None = None, on_token: Callable | None = None) -> GenerationResult:
+                      key_mask: torch.Tensor | None = None, logits_hook: Callable | None = None,
+                      on_token: Callable | None = None) -> GenerationResult:
     """The recompute loop: every step runs ``f`` on the last ``block_size`` tokens (sliding past it).
 
     ``f(idx) -> (logits, _)`` may return logits for every position or for the last one only (the
     model with ``last_only=True``). ``logits_hook`` and ``on_token`` work as in ``generate``.
+    With ``key_mask`` (B, T) for a left-padded ``idx``, ``f`` is called as
+    ``f(window, key_mask=..., position_ids=...)``: the window's mask hides the padding (every new
+    token is real) and positions count the window's real tokens, as for a row alone.
     """
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     check_generator(generator)
     block_size = check_int("block_size", block_size, 1)
-    check_prompt(idx, None, max_new_tokens, None)
+    key_mask = check_prompt(idx, key_mask, max_new_tokens, None)
     check_eos(eos_id, None)
     B, T = idx.shape
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long)
     out[:, :T] = idx
-    lengths = torch.full((B,), T)
+    lengths = torch.full((B,), T) if key_mask is None else key_mask.sum(-1)
+    if key_mask is not None:
+        masks = torch.ones(B, T + max_new_tokens, dtype=torch.bool)  # padding hidden, new tokens real
+        masks[:, :T] = key_mask
     finished = torch.zeros(B, dtype=torch.bool)
     for n in range(max_new_tokens):
-        logits = f(out[:, max(0, T + n - block_size): T + n])[0][:, -1]  # (B, V): the whole window again
+        first = max(0, T + n - block_size)                               # the window: the last block_size
+        if key_mask is None:
+            logits = f(out[:, first: T + n])[0][:, -1]                   # (B, V): the whole window again
+        else:
+            window = masks[:, first: T + n]
+            logits = f(out[:, first: T + n], key_mask=window,
+                       position_ids=position_ids_from_mask(window))[0][:, -1]
         if logits_hook is not None:
             logits = logits_hook(n, out[:, : T + n], logits)
         check_logits(logits)  # f is any callable: its logits are checked every step

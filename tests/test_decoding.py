@@ -30,7 +30,6 @@ def cached_model(model, idx, n, **kw) -> GenerationResult:
 
 
 def uncached(model, idx, n, **kw) -> GenerationResult:
-    kw.pop("key_mask", None)
     return generate_uncached(model, idx, n, block_size=model.config.block_size, **kw)
 
 
@@ -352,3 +351,71 @@ def test_the_hooks_logits_are_the_ones_sampled_from(tiny_gpt, loop):
 
     out = loop(tiny_gpt, random_prompt(3, 64, batch=2), 5, logits_hook=force_seven, generator=seeded(0))
     assert out.new_tokens.tolist() == [[7] * 5, [7] * 5]
+
+
+# ---- The recompute loop on a left-padded batch -------------------------------------------------
+
+PADDED = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+@pytest.mark.parametrize("decoder", [None, "model"], ids=["default decoder", "model decoder"])
+def test_uncached_padded_batch_gives_the_greedy_tokens_of_generate(tiny_gpt, decoder):
+    idx, mask = pad_prompts(PADDED)
+    plain = generate_uncached(tiny_gpt, idx, 10, block_size=16, temperature=0.0, key_mask=mask)
+    fast = generate(tiny_gpt, idx, 10, temperature=0.0, key_mask=mask, decoder=decoder)
+    assert torch.equal(plain.tokens, fast.tokens)
+    assert plain.prompt_lengths.tolist() == [5, 2, 3]
+    assert plain.row(1) == [10, 11] + plain.new_tokens[1].tolist()
+
+
+def test_uncached_padded_row_decodes_like_the_prompt_alone(tiny_gpt):
+    """Positions come from the mask and padding is hidden: each row's logits are those of the row alone."""
+    idx, mask = pad_prompts(PADDED)
+    batch_logits = []
+    batch = generate_uncached(tiny_gpt, idx, 8, block_size=16, temperature=0.0, key_mask=mask,
+                              logits_hook=lambda n, t, x: batch_logits.append(x.clone()) or x)
+    for b, p in enumerate(PADDED):
+        alone_logits = []
+        alone = generate_uncached(tiny_gpt, torch.tensor([p]), 8, block_size=16, temperature=0.0,
+                                  logits_hook=lambda n, t, x: alone_logits.append(x.clone()) or x)
+        assert batch.new_tokens[b].tolist() == alone.new_tokens[0].tolist()
+        for step, (x, y) in enumerate(zip(batch_logits, alone_logits)):
+            torch.testing.assert_close(x[b], y[0], atol=1e-5, rtol=0, msg=f"row {b}, step {step}")
+
+
+def test_uncached_padding_ids_do_not_matter(tiny_gpt):
+    idx, mask = pad_prompts(PADDED, pad_id=0)
+    other, _ = pad_prompts(PADDED, pad_id=63)
+    a = generate_uncached(tiny_gpt, idx, 6, block_size=16, temperature=0.0, key_mask=mask)
+    b = generate_uncached(tiny_gpt, other, 6, block_size=16, temperature=0.0, key_mask=mask)
+    assert torch.equal(a.new_tokens, b.new_tokens)
+
+
+def test_uncached_padded_batch_passes_mask_and_positions_to_f(tiny_gpt):
+    idx, mask = pad_prompts([[5, 6, 7], [8]])
+    seen = []
+
+    def f(window, key_mask=None, position_ids=None):
+        seen.append((window.shape, key_mask.tolist(), position_ids.tolist()))
+        return tiny_gpt(window, key_mask=key_mask, position_ids=position_ids)
+
+    generate_uncached(f, idx, 2, block_size=16, temperature=0.0, key_mask=mask)
+    assert seen[0] == ((2, 3), [[True] * 3, [False, False, True]], [[0, 1, 2], [0, 0, 0]])
+    assert seen[1][1:] == ([[True] * 4, [False, False, True, True]], [[0, 1, 2, 3], [0, 0, 0, 1]])
+
+
+def test_uncached_padded_batch_slides_past_the_block(tiny_gpt):
+    """Past the block the window is the last 16 columns, renumbered from its real tokens, as unpadded."""
+    idx, mask = pad_prompts(PADDED)
+    out = generate_uncached(tiny_gpt, idx, 20, block_size=16, temperature=0.0, key_mask=mask)
+    assert out.new_tokens.shape == (3, 20) and out.stop_reason == "max_new_tokens"
+    alone = generate_uncached(tiny_gpt, torch.tensor([PADDED[0]]), 20, block_size=16, temperature=0.0)
+    assert out.new_tokens[0].tolist() == alone.new_tokens[0].tolist()  # the unpadded row
+
+
+def test_uncached_checks_the_key_mask(tiny_gpt):
+    idx, mask = pad_prompts(PADDED)
+    with pytest.raises(ValueError, match="key_mask must have the shape of idx"):
+        generate_uncached(tiny_gpt, idx, 2, block_size=16, key_mask=mask[:, 1:])
+    with pytest.raises(ValueError, match="at least one real token"):
+        generate_uncached(tiny_gpt, idx, 2, block_size=16, key_mask=torch.zeros_like(mask))

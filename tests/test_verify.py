@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import kvlib.model
 from kvlib.decoding import pad_prompts, position_ids_from_mask
 from kvlib.model import KVCache
-from kvlib.verify import check_batch_consistency, verify_cache
+from kvlib.verify import CacheReport, check_batch_consistency, verify_cache
 
 BUG_STEPS = 16  # enough decode steps to show a bug, few enough that a bug that inflates length still fits
 DECODERS = pytest.mark.parametrize("decoder", [None, "model"], ids=["default decoder", "model decoder"])
@@ -213,3 +213,142 @@ def test_arange_positions_give_the_padded_row_a_wrong_distribution(shipped_char)
     assert wrong_diff > 0.1
     # The unpadded row is the same either way: for it both position schemes coincide.
     torch.testing.assert_close(right[0], wrong[0])
+
+
+# ---- The margin-gated excuse ------------------------------------------------------------------
+
+def near_tie(model, prompt, step: int, margin: float):
+    """A copy of ``model`` whose token b trails the greedy token a of ``step`` by exactly ``margin``.
+
+    Row b of the tied head is row a scaled so that logit_b = logit_a - margin at that step (b is the
+    last id, a character the greedy text never uses). Returns (copy, a, b).
+    """
+    import copy
+    report = verify_cache(model, prompt, step + 1, decoder="model")
+    a, b = report.tokens[step], model.config.vocab_size - 1
+    with torch.no_grad():
+        logit_a = model(torch.tensor([prompt[0].tolist() + report.tokens[:step]]))[0][0, -1, a].item()
+        tied = copy.deepcopy(model)
+        tied.lm_head.weight[b] = tied.lm_head.weight[a] * (1 - margin / logit_a)
+    return tied, a, b
+
+
+def nudging(a: int, b: int, by: float):
+    """A correct cached decoder whose logits move a down and b up by ``by`` (a 'bug' below atol)."""
+    from kvlib.decoding import CachedDecoder
+
+    class Nudge(CachedDecoder):
+        def __call__(self, idx, key_mask=None, position_ids=None):
+            logits = super().__call__(idx, key_mask, position_ids).clone()
+            logits[:, a] -= by
+            logits[:, b] += by
+            return logits
+    return Nudge
+
+
+@pytest.mark.parametrize("margin, excused", [(0.0, True), (5e-5, True), (1.5e-4, False)],
+                         ids=["exact tie", "margin 5e-5", "margin 1.5e-4"])
+def test_a_flipped_token_is_excused_only_where_the_margin_is_below_atol(shipped_char, margin, excused):
+    """A change of 0.9e-4 per logit (under the tolerance) flips a near-tie; only margin < 1e-4 excuses it."""
+    model, tok = shipped_char
+    prompt = poem_prompt(tok)
+    tied, a, b = near_tie(model, prompt, 3, margin)
+    control = verify_cache(tied, prompt, 24, decoder="model")
+    assert control.tokens_equal and control.passed and b not in control.tokens
+    assert min(control.margins) == pytest.approx(margin, abs=5e-6)  # the constructed near-tie is the smallest
+    report = verify_cache(tied, prompt, 24, decoder=nudging(a, b, 0.9e-4))
+    print(f"\nmargin {report.divergence_margin}, max diff {report.max_abs_logit_diff:.2e}, passed {report.passed}")
+    assert report.first_divergence == 3 and report.tokens[3] == b
+    assert report.divergence_margin == pytest.approx(margin, abs=5e-6)
+    assert report.max_abs_logit_diff <= report.atol      # every logit within the tolerance
+    assert not report.tokens_equal
+    assert report.passed is excused
+
+
+def test_the_same_nudge_changes_nothing_away_from_a_near_tie(shipped_char):
+    model, tok = shipped_char
+    report = verify_cache(model, poem_prompt(tok), 24, decoder=nudging(1, model.config.vocab_size - 1, 0.9e-4))
+    assert report.tokens_equal and report.passed
+
+
+def make_report(diff: float, divergence: int | None, margin: float | None) -> CacheReport:
+    return CacheReport(steps=4, max_abs_logit_diff=diff, step_diffs=[diff] * 4, chunk_maxima=[diff],
+                       margins=[0.5, 0.5, 0.5, 0.5] if margin is None else [0.5, margin, 0.5, 0.5],
+                       tokens_equal=divergence is None, first_divergence=divergence,
+                       divergence_margin=margin, tokens=[1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("diff, divergence, margin, passed", [
+    (1e-5, None, None, True),      # agree
+    (1e-5, 1, 5e-5, True),         # a flip at a near-tie: excused
+    (1e-5, 1, 0.3, False),         # a flip where the margin is large: a bug, whatever the logits say
+    (2e-4, None, None, False),     # same tokens, logits beyond the tolerance
+    (2e-4, 1, 5e-5, False),        # excused flip, but logits beyond the tolerance
+], ids=["agree", "near-tie flip", "large-margin flip", "logits off", "near-tie flip, logits off"])
+def test_passed_combines_the_tolerance_and_the_excuse(diff, divergence, margin, passed):
+    assert make_report(diff, divergence, margin).passed is passed
+
+
+# ---- Batch consistency: the excuse, uncached batches, a caught bug ----------------------------
+
+def mask_ignoring(model, batch_size, max_len):
+    """Bug: the teaching decoder that drops the key mask and positions (pads visible, columns as positions)."""
+    from kvlib.decoding import CachedDecoder
+    decoder = CachedDecoder(model, batch_size, max_len)
+    return lambda idx, key_mask=None, position_ids=None: decoder(idx)
+
+
+def test_batch_consistency_reports_margins_and_every_comparison(shipped_char):
+    model, tok = shipped_char
+    prompts = [[tok.eos_id] + tok.encode(t) for t in ("春风", "床前明月光，")]
+    result = check_batch_consistency(model, prompts, 12, decoder="model")
+    assert result["consistent"] and result["tokens_equal"] and result["atol"] == 1e-4
+    for row in result["rows"]:
+        assert set(row["comparisons"]) == {"batch vs single (cached)", "batch vs single (uncached)",
+                                           "cached vs uncached (single)"}
+        assert row["batch_uncached_equals_single"] and row["batch_equals_single"] and row["cached_equals_uncached"]
+        assert len(row["margins"]) == 12 and row["min_margin"] == min(row["margins"]) > 0
+    assert result["min_margin"] == min(r["min_margin"] for r in result["rows"])
+
+
+def test_batch_consistency_catches_a_decoder_that_ignores_the_key_mask(shipped_char):
+    model, tok = shipped_char
+    prompts = [[tok.eos_id] + tok.encode(t) for t in ("春风", "床前明月光，疑是地上")]
+    result = check_batch_consistency(model, prompts, 12, decoder=mask_ignoring)
+    short = result["rows"][0]["comparisons"]["batch vs single (cached)"]
+    print(f"\npadded row: first divergence {short['first_divergence']}, margin {short['divergence_margin']}, "
+          f"max diff {short['max_abs_logit_diff']:.2f}")
+    assert not result["consistent"]
+    assert result["max_abs_logit_diff"] > 1e-2
+    assert not short["equal"] and not short["excused"]
+    # The unpadded row and the uncached loops (no decoder) are unaffected.
+    assert result["rows"][1]["batch_equals_single"]
+    assert all(r["batch_uncached_equals_single"] and r["cached_equals_uncached"] for r in result["rows"])
+
+
+def batch_only_nudge(a: int, b: int, by: float):
+    """The teaching decoder, nudging a down and b up only when it decodes a batch (B > 1)."""
+    from kvlib.decoding import CachedDecoder
+
+    class BatchNudge(CachedDecoder):
+        def __call__(self, idx, key_mask=None, position_ids=None):
+            logits = super().__call__(idx, key_mask, position_ids)
+            if idx.shape[0] > 1:
+                logits = logits.clone()
+                logits[:, a] -= by
+                logits[:, b] += by
+            return logits
+    return BatchNudge
+
+
+@pytest.mark.parametrize("margin, consistent", [(5e-5, True), (1.5e-4, False)], ids=["margin 5e-5", "margin 1.5e-4"])
+def test_batch_consistency_excuses_a_flip_only_below_the_single_prompt_margin(shipped_char, margin, consistent):
+    model, tok = shipped_char
+    prompt = poem_prompt(tok)
+    tied, a, b = near_tie(model, prompt, 3, margin)
+    prompts = [prompt[0].tolist(), [tok.eos_id] + tok.encode("春风")]
+    result = check_batch_consistency(tied, prompts, 8, decoder=batch_only_nudge(a, b, 0.9e-4))
+    c = result["rows"][0]["comparisons"]["batch vs single (cached)"]
+    assert c["first_divergence"] == 3 and c["divergence_margin"] == pytest.approx(margin, abs=5e-6)
+    assert result["max_abs_logit_diff"] <= 1e-4 and not result["tokens_equal"]
+    assert c["excused"] is consistent and result["consistent"] is consistent

@@ -8,10 +8,16 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Set PIP_EXTRA to pip options, e.g. PyTorch's CPU-only index (README: "A CPU-only PyTorch on Linux").
+PIP_EXTRA ?=
+# JupyterLab settings for this venv: no news pop-up, no update checks, widget state saved with the notebook.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+$(STAMP): pyproject.toml notebooks/jupyterlab-settings.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e ".[test,bench]"
+	$(BIN)/python -m pip install $(PIP_EXTRA) -e ".[test,bench]"
+	mkdir -p $(dir $(LAB_SETTINGS)) && cp notebooks/jupyterlab-settings.json $(LAB_SETTINGS)
 	touch $(STAMP)
 
 # JupyterLab refuses to start as root unless told so (containers, CI machines run as root).

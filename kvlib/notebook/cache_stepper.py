@@ -11,8 +11,10 @@ from ..tokenizer import UnknownCharacterError
 from .show import HIGHLIGHT_COLOR, LiveWidget, bars_html, display, html_label, message_html, unknown_message
 
 CELL = 5          # px per cache slot in the cache picture
-ROW = 14          # px per layer (cache) and per head (attention)
-LABEL_W = 64      # px for the row labels
+ROW = 18          # px per layer (cache) and per head (attention)
+LABEL_W = 70      # px for the row labels
+MIN_W = 760       # px: room for the titles
+FONT = 16         # px: legible on a projector (12 pt)
 MAX_LABELS = 40   # above this many positions the attention columns are numbered, not labelled
 
 
@@ -23,7 +25,7 @@ def _shade(value: float, dark: tuple[int, int, int]) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def _text(x, y, s, size=13, anchor="start", color="#222", weight="normal") -> str:
+def _text(x, y, s, size=FONT, anchor="start", color="#222", weight="normal") -> str:
     return (f'<text x="{x}" y="{y}" font-size="{size}" text-anchor="{anchor}" fill="{color}" '
             f'font-weight="{weight}">{html.escape(s)}</text>')
 
@@ -33,12 +35,12 @@ def cache_svg(view: StepView) -> str:
     norms = view.key_norms
     L, M = norms.shape
     top = float(norms.max()) or 1.0
-    w, h = LABEL_W + M * CELL + 10, 34 + L * ROW + 22
-    parts = [_text(0, 16, f"keys in the cache: {view.cache_length} of {view.max_len} slots written in every "
-                          f"layer (orange: newest)", 14, weight="600")]
+    w, h = max(MIN_W, LABEL_W + M * CELL + 10), 30 + L * ROW + 24
+    parts = [_text(0, 17, f"keys in the cache: {view.cache_length} of {view.max_len} slots written in every "
+                          f"layer (orange: newest)", weight="600")]
     for layer in range(L):
         y = 26 + layer * ROW
-        parts.append(_text(0, y + ROW - 3, f"layer {layer}"))
+        parts.append(_text(0, y + ROW - 4, f"layer {layer}", 14))
         for slot in range(M):
             value = float(norms[layer, slot])
             fill = _shade(0.25 + 0.75 * value / top, (8, 48, 107)) if value > 0 else "#f4f4f4"
@@ -49,38 +51,38 @@ def cache_svg(view: StepView) -> str:
     x_prompt = LABEL_W + view.prompt_length * CELL - 1
     parts.append(f'<line x1="{x_prompt}" y1="22" x2="{x_prompt}" y2="{28 + L * ROW}" stroke="#777" '
                  f'stroke-dasharray="3,2"/>')
-    parts.append(_text(LABEL_W, 26 + L * ROW + 16, "slot 0", 12))
-    parts.append(_text(LABEL_W + M * CELL, 26 + L * ROW + 16, f"slot {M - 1}", 12, "end"))
+    parts.append(_text(LABEL_W, 26 + L * ROW + 18, "slot 0"))
+    parts.append(_text(LABEL_W + M * CELL, 26 + L * ROW + 18, f"slot {M - 1}", anchor="end"))
     return f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
 
 
 def attention_svg(view: StepView) -> str:
     """The newest token's attention over the cached positions, one row per (layer, head); darker = more."""
     L, H, S = view.attention.shape
-    cell = max(CELL, min(22, 640 // max(S, 1)))
-    labelled = S <= MAX_LABELS
-    w, h = LABEL_W + S * cell + 10, 30 + L * H * ROW + (28 if labelled else 22)
+    cell = max(CELL, min(24, 660 // max(S, 1)))
+    labelled = S <= MAX_LABELS and cell >= 16
+    w, h = max(MIN_W, LABEL_W + S * cell + 10), 30 + L * H * ROW + 26
     query = html_label(view.labels[view.query_position])
-    parts = [_text(0, 16, f"attention of 「{html.unescape(query)}」 (position {view.query_position}) over the "
-                          f"{S} cached positions, one row per head", 14, weight="600")]
+    parts = [_text(0, 17, f"attention of 「{html.unescape(query)}」 (position {view.query_position}) over the "
+                          f"{S} cached positions, one row per head", weight="600")]
     weights = view.attention.reshape(L * H, S)
     for row in range(L * H):
-        y = 24 + row * ROW + (row // H) * 0
-        parts.append(_text(0, y + ROW - 3, f"L{row // H} h{row % H}", 12))
+        y = 24 + row * ROW
+        parts.append(_text(0, y + ROW - 4, f"L{row // H} h{row % H}", 14))
         for j in range(S):
             fill = _shade(float(weights[row, j]), (60, 15, 90))
             parts.append(f'<rect x="{LABEL_W + j * cell}" y="{y}" width="{cell - 1}" height="{ROW - 1}" fill="{fill}"/>')
         if row % H == H - 1 and row < L * H - 1:
             parts.append(f'<line x1="{LABEL_W}" y1="{y + ROW}" x2="{LABEL_W + S * cell}" y2="{y + ROW}" '
                          f'stroke="#fff" stroke-width="2"/>')
-    base = 24 + L * H * ROW + 16
+    base = 24 + L * H * ROW + 19
     if labelled:
         for j in range(S):
             parts.append(_text(LABEL_W + j * cell + cell / 2, base, html.unescape(html_label(view.labels[j])),
-                               13, "middle"))
+                               anchor="middle"))
     else:
         for j in range(0, S, 16):
-            parts.append(_text(LABEL_W + j * cell, base, str(j), 12))
+            parts.append(_text(LABEL_W + j * cell, base, str(j), 14))
     return f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
 
 

@@ -72,8 +72,8 @@ def bars_html(labels, probs, highlight=(), title: str = "", width: int = 440) ->
             f'<span style="width:44px;font-size:20px;text-align:center">{html_label(labels[i])}</span>'
             f'<span style="width:{width - 120}px"><span style="display:inline-block;height:22px;'
             f'width:{max(1.0, 100 * p / top):.1f}%;background:{color}"></span></span>'
-            f'<span style="width:70px;font-size:15px;padding-left:6px">{p:.1f} %</span></div>')
-    head = f'<div style="font-size:16px;font-weight:600;margin-bottom:4px">{html.escape(title)}</div>' if title else ""
+            f'<span style="width:70px;font-size:16px;padding-left:6px">{p:.1f} %</span></div>')
+    head = f'<div style="font-size:17px;font-weight:600;margin-bottom:4px">{html.escape(title)}</div>' if title else ""
     return f'<div style="width:{width}px;font-family:sans-serif">{head}{"".join(body)}</div>'
 
 

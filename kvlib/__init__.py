@@ -10,7 +10,9 @@ from .constraints import acrostic, quatrain
 from .decoding import GenerationResult, generate, generate_uncached, pad_prompts, position_ids_from_mask
 from .fast import FastDecoder
 from .model import GPT, GPTConfig, GrowingKVCache, KVCache
+from .paged import BlockPool, PagedKVCache, verify_paged
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
+from .serving import Engine, Request, make_trace
 from .stepper import CacheStepper
 from .text import encode_prompt, next_token_probs, top_next, write
 from .tokenizer import ByteBPETokenizer, CharTokenizer, TextStream, UnknownCharacterError, stream_decode
@@ -28,4 +30,5 @@ __all__ = [
     "verify_cache", "check_batch_consistency", "CacheReport",
     "encode_prompt", "next_token_probs", "top_next", "write",
     "CacheStepper",
+    "PagedKVCache", "BlockPool", "verify_paged", "Engine", "Request", "make_trace",
 ]

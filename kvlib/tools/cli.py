@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,train,evaluate,prepare-data}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,train,evaluate,prepare-data}``."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +143,15 @@ def cmd_bench(args) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
 
 
+def cmd_serve(args) -> None:
+    from .corpus import load_poems
+    from .serve_bench import format_report, run_serve_bench
+
+    model, tok = _load("tang-char")
+    report = run_serve_bench(model, tok, load_poems(), n_requests=args.requests, rate=args.rate, seed=args.seed)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+
+
 def cmd_prepare_data(args) -> None:
     from . import corpus
 
@@ -223,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="decode speed: fast path, cached, recompute, transformers")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve", help="many users: one at a time, static batches, continuous batching (paged)")
+    p.add_argument("--requests", type=_at_least_one, default=24)
+    p.add_argument("--rate", type=float, default=100.0, help="arrivals per second")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("train", help="train a model and write it to data/")
     p.add_argument("--model", choices=models, default="tang-char")

@@ -1,0 +1,356 @@
+"""A paged KV cache: one pool of fixed-size blocks per layer, and a block table per sequence.
+
+The static cache of notebook 4 gives every sequence one contiguous row of ``block_size`` positions,
+reserved up front. Here the keys and values of all sequences live in one shared pool of small
+blocks (16 positions by default), handed out as a sequence grows and returned when it finishes; a
+sequence's *block table* lists its blocks in order, as a page table lists a process's pages.
+
+Reading order: ``Block`` (what the pool knows about one block) -> ``BlockPool`` (the tensors, the
+free lists, reference counts, the hash table of full blocks for prefix caching) -> ``PagedKVCache``
+(block tables, allocation, copy-on-write, forking) -> ``PagedBatch`` (what ``GPT.forward`` writes
+into and reads from) -> ``verify_paged`` (the proof that none of this changes an output).
+
+Shapes: L layers, N blocks, b block size, H heads, D head size; B sequences, T new tokens, S keys.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .checks import check_int
+from .decoding import generate
+from .model import GPT, GPTConfig
+
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Block:
+    """One physical block: who uses it and, once full, which tokens it holds (its prefix-cache key)."""
+    id: int
+    ref_count: int = 0
+    hash: int | None = None          # set when the block is full: hash of (previous block's hash, tokens)
+    token_ids: tuple[int, ...] = ()  # the tokens behind the hash, compared on a hit (no false sharing)
+
+
+def block_hash(previous: int | None, token_ids) -> int:
+    """The key of a full block: its tokens *and* the block before it, so equal keys mean equal prefixes."""
+    return hash((previous, tuple(token_ids)))
+
+
+class BlockPool:
+    """Keys and values of every block, ``k``, ``v`` (L, N * b, H, D), and the bookkeeping of who owns what.
+
+    Slot ``s`` of the flat second axis is position ``s % b`` of block ``s // b``. A block is in use
+    (``ref_count > 0``), free and fresh, or free but still holding a full prefix that a later request
+    may hit (``free_cached``, least recently freed first). Allocation takes a fresh block if there is
+    one and otherwise evicts the least recently used cached block: its hash is forgotten.
+    """
+
+    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, device=None, dtype=None):
+        self.num_blocks = check_int("num_blocks", num_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
+        shape = (config.n_layer, num_blocks * block_size, config.n_head, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_fresh: deque[int] = deque(range(num_blocks))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # block id -> None, oldest first
+        self.by_hash: dict[int, int] = {}                          # full-block hash -> block id
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_fresh) + len(self.free_cached)
+
+    def allocate(self) -> int:
+        if self.free_fresh:
+            bid = self.free_fresh.popleft()
+        elif self.free_cached:
+            bid, _ = self.free_cached.popitem(last=False)      # least recently used
+            block = self.blocks[bid]
+            del self.by_hash[block.hash]
+            block.hash, block.token_ids = None, ()
+            self.evictions += 1
+        else:
+            raise RuntimeError("the block pool is full: free or preempt a sequence first")
+        self.blocks[bid].ref_count = 1
+        return bid
+
+    def lookup(self, h: int, token_ids) -> int | None:
+        """The block holding exactly these tokens after this prefix, or None."""
+        bid = self.by_hash.get(h)
+        if bid is None or self.blocks[bid].token_ids != tuple(token_ids):
+            return None
+        return bid
+
+    def share(self, bid: int) -> None:
+        """One more user of a block; a free cached block comes back into use."""
+        self.free_cached.pop(bid, None)
+        self.blocks[bid].ref_count += 1
+
+    def release(self, bid: int) -> None:
+        block = self.blocks[bid]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self.free_cached[bid] = None                   # kept for a later hit, evicted last
+            else:
+                self.free_fresh.append(bid)
+
+    def register(self, bid: int, h: int, token_ids) -> None:
+        """A block just filled up: make it findable by its hash (the first block with a hash keeps it)."""
+        block = self.blocks[bid]
+        block.hash, block.token_ids = h, tuple(token_ids)
+        self.by_hash.setdefault(h, bid)
+
+    def copy(self, src: int, dst: int) -> None:
+        b = self.block_size
+        self.k[:, dst * b:(dst + 1) * b] = self.k[:, src * b:(src + 1) * b]
+        self.v[:, dst * b:(dst + 1) * b] = self.v[:, src * b:(src + 1) * b]
+
+
+@dataclass
+class BlockTable:
+    """One sequence's view of the pool: its blocks in order and the tokens stored in them."""
+    blocks: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # the tokens whose keys and values are stored
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+class PagedKVCache:
+    """Block tables over one :class:`BlockPool`: sequences come, grow, share blocks and go.
+
+    ``add_sequence(sid, prompt)`` finds the prompt's full blocks already in the pool (prefix caching)
+    and returns how many prompt tokens need no computing; ``forward(model, sids, new_tokens)`` runs
+    the model over a batch of sequences, each with its own new tokens, and returns each one's
+    last logits; ``fork`` starts a sequence that shares all of another's blocks; ``free`` ends one.
+    """
+
+    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, *,
+                 enable_prefix_caching: bool = True, device=None, dtype=None):
+        self.config = config
+        self.pool = BlockPool(config, num_blocks, block_size, device, dtype)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.tables: dict[object, BlockTable] = {}
+        self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
+        self.copies_on_write = 0
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def blocks_needed(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)  # ceil
+
+    def can_allocate(self, n_tokens: int) -> bool:
+        """Whether a new sequence of ``n_tokens`` fits in the free blocks (prefix hits not counted on)."""
+        return self.blocks_needed(n_tokens) <= self.pool.num_free
+
+    def add_sequence(self, sid, prompt: list[int]) -> int:
+        """Start sequence ``sid``; returns the number of prompt tokens already cached (full blocks only).
+
+        At least the last prompt token is always left to compute: its logits choose the next token.
+        """
+        if sid in self.tables:
+            raise ValueError(f"sequence {sid!r} is already in the cache")
+        table = self.tables[sid] = BlockTable()
+        if not self.enable_prefix_caching:
+            return 0
+        b, h = self.block_size, None
+        for i in range((len(prompt) - 1) // b):
+            chunk = prompt[i * b:(i + 1) * b]
+            h = block_hash(h, chunk)
+            bid = self.pool.lookup(h, chunk)
+            if bid is None:
+                break
+            self.pool.share(bid)
+            table.blocks.append(bid)
+            table.token_ids.extend(chunk)
+        self.prefix_hit_tokens += table.length
+        return table.length
+
+    def fork(self, parent, child) -> None:
+        """``child`` shares every block of ``parent`` (parallel sampling): no copy until one of them writes."""
+        src = self.tables[parent]
+        for bid in src.blocks:
+            self.pool.share(bid)
+        self.tables[child] = BlockTable(list(src.blocks), list(src.token_ids))
+
+    def free(self, sid) -> None:
+        for bid in self.tables.pop(sid).blocks:
+            self.pool.release(bid)
+
+    def slots_needed(self, sid, n_new: int) -> int:
+        """Blocks that appending ``n_new`` tokens to ``sid`` takes from the pool (copy-on-write included)."""
+        table, b = self.tables[sid], self.block_size
+        need = self.blocks_needed(table.length + n_new) - len(table.blocks)
+        if table.length % b and self.pool.blocks[table.blocks[-1]].ref_count > 1:
+            need += 1  # the shared, partly filled last block is copied before it is written
+        return need
+
+    def _reserve(self, sid, n_new: int) -> None:
+        """Make room for ``n_new`` more tokens: copy a shared last block, then add blocks as needed."""
+        table, b = self.tables[sid], self.block_size
+        if table.length % b:  # the next token goes into the last block, which must be ours alone
+            last = table.blocks[-1]
+            if self.pool.blocks[last].ref_count > 1:
+                new = self.pool.allocate()
+                self.pool.copy(last, new)
+                self.pool.release(last)
+                table.blocks[-1] = new
+                self.copies_on_write += 1
+        while len(table.blocks) < self.blocks_needed(table.length + n_new):
+            table.blocks.append(self.pool.allocate())
+
+    def _commit(self, sid, new_tokens: list[int]) -> None:
+        """The new tokens are stored: remember them and register every block they filled."""
+        table, b = self.tables[sid], self.block_size
+        before = table.length
+        table.token_ids.extend(new_tokens)
+        if not self.enable_prefix_caching:
+            return
+        for i in range(before // b, table.length // b):
+            bid = self.pool.blocks[table.blocks[i]]
+            if bid.hash is None:
+                previous = self.pool.blocks[table.blocks[i - 1]].hash if i else None
+                chunk = table.token_ids[i * b:(i + 1) * b]
+                self.pool.register(table.blocks[i], block_hash(previous, chunk), chunk)
+
+    # -- what the memory holds ------------------------------------------------------------------------
+    def used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free
+
+    def stored_tokens(self) -> int:
+        """Positions of the blocks in use that hold a real token (a shared block counted once)."""
+        filled: dict[int, int] = {}
+        b = self.block_size
+        for table in self.tables.values():
+            for i, bid in enumerate(table.blocks):
+                filled[bid] = max(filled.get(bid, 0), min(b, table.length - i * b))
+        return sum(max(0, n) for n in filled.values())
+
+    # -- the forward pass -----------------------------------------------------------------------------
+    def batch(self, sids: list, new_tokens: list[list[int]]) -> "PagedBatch":
+        for sid, new in zip(sids, new_tokens):
+            if not new:
+                raise ValueError(f"sequence {sid!r} has no new tokens: every row needs at least one")
+            if self.tables[sid].length + len(new) > self.config.block_size:
+                raise ValueError(f"sequence {sid!r} would reach {self.tables[sid].length + len(new)} positions; "
+                                 f"the model's block holds {self.config.block_size}")
+        for sid, new in zip(sids, new_tokens):  # checked first, so that bad input changes nothing
+            self._reserve(sid, len(new))
+        return PagedBatch(self, list(sids), [list(t) for t in new_tokens])
+
+    @torch.inference_mode()
+    def forward(self, model: GPT, sids: list, new_tokens: list[list[int]]) -> torch.Tensor:
+        """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token."""
+        batch = self.batch(sids, new_tokens)
+        logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
+                          last_only=True)
+        return logits[:, -1]
+
+
+class PagedBatch:
+    """A batch of sequences of one :class:`PagedKVCache`, offering what ``GPT.forward`` reads from a cache.
+
+    Rows are left-aligned as in notebook 6: row ``b``'s ``n_b`` keys fill the last ``n_b`` of ``S``
+    columns, its new tokens the last ones of ``T``; ``key_mask`` hides the columns to their left and
+    ``position_ids`` count each row's own positions. ``write(layer, k, v)`` scatters the new keys
+    into their slots and returns every row's keys *gathered* from its blocks, (B, H, S, D), so the
+    model's attention runs unchanged.
+
+    This gather is the teaching shortcut: it copies each sequence's keys into a contiguous tensor at
+    every layer and step. A real paged-attention kernel (vLLM's PagedAttention, FlashAttention's
+    paged mode) never builds that tensor: it takes the block table as an argument and, inside the
+    kernel, reads each block of keys and values straight from the pool while it computes the
+    softmax, so the only memory traffic is the one reading the cache needs anyway.
+    """
+
+    def __init__(self, cache: PagedKVCache, sids: list, new_tokens: list[list[int]]):
+        self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
+        b = cache.block_size
+        ctx = torch.tensor([cache.tables[s].length for s in sids])            # (B,) tokens already stored
+        new = torch.tensor([len(t) for t in new_tokens])                       # (B,)
+        total = ctx + new
+        B, T, S = len(sids), int(new.max()), int(total.max())
+        self.length, self.max_len = S - T, S  # GPT.forward: positions start at length, S keys in all
+        self.idx = torch.zeros(B, T, dtype=torch.long)
+        for r, t in enumerate(new_tokens):
+            self.idx[r, T - len(t):] = torch.tensor(t)
+        width = max(len(cache.tables[s].blocks) for s in sids)
+        table = torch.tensor([cache.tables[s].blocks + [0] * (width - len(cache.tables[s].blocks)) for s in sids])
+        pos = torch.arange(S)[None] - (S - total)[:, None]                     # (B, S) position held by a column
+        real = pos >= 0
+        pos = pos.clamp(min=0)
+        self.read_slots = table.gather(1, pos // b) * b + pos % b             # (B, S) slot of every column
+        self.key_mask = None if bool(real.all()) else real
+        self.position_ids = pos[:, S - T:]                                     # (B, T)
+        new_cols = torch.arange(T)[None] >= (T - new)[:, None]                 # (B, T) real new tokens
+        self.write_rows, self.write_cols = new_cols.nonzero(as_tuple=True)
+        self.write_slots = self.read_slots[:, S - T:][new_cols]                # (N,) where they go
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D)."""
+        pool = self.cache.pool
+        pool.k[layer, self.write_slots] = k.transpose(1, 2)[self.write_rows, self.write_cols]  # (N, H, D)
+        pool.v[layer, self.write_slots] = v.transpose(1, 2)[self.write_rows, self.write_cols]
+        return (pool.k[layer, self.read_slots].transpose(1, 2),  # (B, S, H, D) -> (B, H, S, D)
+                pool.v[layer, self.read_slots].transpose(1, 2))
+
+    def advance(self, n: int) -> None:
+        for sid, t in zip(self.sids, self.new_tokens):
+            self.cache._commit(sid, t)
+
+
+@dataclass
+class PagedReport:
+    """One request decoded through the paged cache against the static cache."""
+    prompt_length: int
+    steps: int
+    max_abs_logit_diff: float
+    tokens_equal: bool
+    atol: float = 1e-4
+
+    @property
+    def passed(self) -> bool:
+        return self.tokens_equal and self.max_abs_logit_diff <= self.atol
+
+
+@torch.inference_mode()
+def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks: int | None = None,
+                 block_size: int = BLOCK_SIZE, atol: float = 1e-4) -> list[PagedReport]:
+    """Greedy-decode all ``prompts`` together through one paged cache; compare each with the static cache.
+
+    For every request, its ``steps`` logits (paged, batched with the others) against those of
+    ``generate`` with the teaching model's ``KVCache`` (the request alone), and the greedy tokens.
+    """
+    steps = check_int("steps", steps, 1)
+    if num_blocks is None:
+        num_blocks = sum(-(-(len(p) + steps) // block_size) for p in prompts)
+    cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=False,
+                         device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
+    sids = list(range(len(prompts)))
+    for sid, p in zip(sids, prompts):
+        cache.add_sequence(sid, p)
+    paged_logits, paged_tokens = [], []
+    logits = cache.forward(model, sids, prompts)                               # prefill, all at once
+    for n in range(steps):
+        paged_logits.append(logits)
+        nxt = logits.argmax(-1)
+        paged_tokens.append(nxt)
+        if n + 1 < steps:
+            logits = cache.forward(model, sids, [[int(t)] for t in nxt])
+    paged_logits, paged_tokens = torch.stack(paged_logits, 1), torch.stack(paged_tokens, 1)  # (B, steps, V)
+    reports = []
+    for r, p in enumerate(prompts):
+        static = []
+        result = generate(model, torch.tensor([p]), steps, temperature=0.0, decoder="model",
+                          logits_hook=lambda step, tokens, lg: static.append(lg.clone()) or lg)
+        diff = (torch.cat(static) - paged_logits[r]).abs().max().item()
+        reports.append(PagedReport(len(p), steps, diff, result.new_tokens[0].tolist() == paged_tokens[r].tolist(),
+                                   atol))
+    return reports

@@ -1,0 +1,369 @@
+"""Serving many users: requests over time, a continuous-batching engine on the paged cache, and baselines.
+
+Reading order: ``Request`` and ``make_trace`` (who asks what, when) -> ``Clock`` (time that skips
+idle waits) -> ``Engine`` (the scheduler: admit, decode everyone in one forward, retire, preempt)
+-> ``run_continuous``, ``run_one_at_a_time`` and ``run_static_batching`` (the same trace three
+ways, each returning a :class:`RunResult`) -> ``parallel_sample`` (n continuations sharing blocks).
+
+Every request here is greedy and writes exactly its ``max_new_tokens`` (the answer length taken from
+a real poem), so the three ways do the same work and must write the same tokens.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .checks import check_int
+from .decoding import generate, pad_prompts
+from .model import GPT
+from .paged import BLOCK_SIZE, PagedKVCache
+from .sampling import sample_next
+from .text import encode_prompt
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: list[int]       # token ids, the poem separator first
+    max_new_tokens: int     # the answer length: the request is done after this many tokens
+    arrival: float = 0.0    # seconds after the start of the trace
+
+
+def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 100.0, seed: int = 0, *,
+               prompt_chars: tuple[int, int] = (4, 24), max_new_tokens: int = 96) -> list[Request]:
+    """A seeded trace: ``n_requests`` poem openings of varied length, arriving at ``rate`` per second.
+
+    Each request takes a random poem, the first 4-24 of its characters as the prompt, and the rest of
+    that poem's length (at most ``max_new_tokens``) as its answer length; gaps between arrivals are
+    exponential with mean ``1 / rate`` (a Poisson process), drawn from ``random.Random(seed)``.
+    """
+    n_requests = check_int("n_requests", n_requests, 1)
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
+        raise ValueError(f"rate must be a number of requests per second > 0, got {rate!r}")
+    lo, hi = prompt_chars
+    rng, t, trace = random.Random(seed), 0.0, []
+    while len(trace) < n_requests:
+        poem = poems[rng.randrange(len(poems))]
+        if len(poem) < lo + 4 or tokenizer.unknown(poem):
+            continue
+        k = rng.randint(lo, min(hi, len(poem) - 4))
+        prompt = encode_prompt(tokenizer, poem[:k])
+        trace.append(Request(len(trace), prompt, min(len(poem) - k, max_new_tokens), round(t, 6)))
+        t += rng.expovariate(rate)
+    return trace
+
+
+class Clock:
+    """Seconds since the start; a wait for the next arrival is skipped, not slept (and still counted)."""
+
+    def __init__(self):
+        self.start, self.skipped = time.perf_counter(), 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start + self.skipped
+
+    def wait_until(self, t: float) -> None:
+        self.skipped += max(0.0, t - self.now())
+
+
+@dataclass
+class Sequence:
+    """A request inside the engine: its tokens so far and what happened to it."""
+    request: Request
+    output: list[int] = field(default_factory=list)
+    state: str = "waiting"           # waiting -> running -> finished; running -> waiting when preempted
+    first_token: float | None = None
+    finish: float | None = None
+    preemptions: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.request.id
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.request.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.request.max_new_tokens
+
+
+@dataclass
+class StepRecord:
+    kind: str                          # "prefill", "decode" or "idle"
+    time: float
+    running: list[int]
+    admitted: list[int] = field(default_factory=list)
+    retired: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    computed_tokens: int = 0           # tokens that went through the model this step
+    used_positions: int = 0            # block positions held by running sequences
+    real_tokens: int = 0               # of which hold a token
+
+
+class Engine:
+    """Continuous batching (iteration-level scheduling) over a :class:`PagedKVCache`.
+
+    Each ``step()`` is one forward pass. If waiting requests have arrived and fit (free blocks for
+    their tokens, at most ``max_num_seqs`` running, at most ``max_num_batched_tokens`` in one
+    prefill), they are admitted and prefilled together; otherwise every running sequence decodes one
+    token in one batched forward. A sequence that reaches its length is retired at once and its
+    blocks go back to the pool. When the running sequences need more blocks than are free, the
+    newest one is preempted: its blocks are freed and it waits again at the head of the queue, to
+    be recomputed (prompt and tokens so far, as one prefill) when blocks are free.
+    """
+
+    def __init__(self, model: GPT, num_blocks: int, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 1024, enable_prefix_caching: bool = False, clock: Clock | None = None):
+        self.model = model
+        block = model.config.block_size
+        num_blocks = check_int("num_blocks", num_blocks, -(-block // block_size), None,
+                               f"an int >= {-(-block // block_size)}: the pool must hold one sequence of "
+                               f"{block} tokens")
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, block, None,
+                                                f"an int >= the block size {block}")
+        p = model.lm_head.weight
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+                                  device=p.device, dtype=p.dtype)
+        self.clock = clock or Clock()
+        self.waiting: deque[Sequence] = deque()   # in arrival order; preempted ones go back to the front
+        self.running: list[Sequence] = []         # in admission order: the last is the newest
+        self.finished: list[Sequence] = []
+        self.history: list[StepRecord] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(Sequence(request))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def arrived(self) -> list[Sequence]:
+        now = self.clock.now()
+        return [s for s in self.waiting if s.request.arrival <= now]
+
+    def _admit(self) -> list[Sequence]:
+        admitted, budget, now = [], self.max_num_batched_tokens, self.clock.now()
+        free = self.cache.pool.num_free
+        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = len(seq.tokens)
+            blocks = self.cache.blocks_needed(n + 1)  # +1: room for the token the prefill chooses
+            if seq.request.arrival > now or n > budget or blocks > free:
+                break
+            self.waiting.popleft()
+            admitted.append(seq)
+            budget, free = budget - n, free - blocks
+        return admitted
+
+    def _preempt_for_decode(self) -> list[int]:
+        preempted = []
+        while sum(self.cache.slots_needed(s.id, 1) for s in self.running) > self.cache.pool.num_free:
+            victim = self.running.pop()
+            self.cache.free(victim.id)
+            victim.state, victim.preemptions = "waiting", victim.preemptions + 1
+            self.waiting.appendleft(victim)
+            preempted.append(victim.id)
+        return preempted
+
+    @torch.inference_mode()
+    def step(self) -> StepRecord:
+        admitted = self._admit()
+        preempted, computed = [], 0
+        if admitted:
+            kind, seqs = "prefill", admitted
+            new = []
+            for seq in admitted:
+                cached = self.cache.add_sequence(seq.id, seq.tokens)
+                new.append(seq.tokens[cached:])
+                seq.state = "running"
+            self.running.extend(admitted)
+        elif self.running:
+            kind = "decode"
+            preempted = self._preempt_for_decode()
+            seqs = self.running
+            new = [[s.tokens[-1]] for s in seqs]
+        else:  # nothing has arrived yet: skip ahead to the next arrival
+            self.clock.wait_until(self.waiting[0].request.arrival)
+            record = StepRecord("idle", self.clock.now(), [])
+            self.history.append(record)
+            return record
+        logits = self.cache.forward(self.model, [s.id for s in seqs], new)
+        computed = sum(len(t) for t in new)
+        now = self.clock.now()
+        retired = []
+        for seq, token in zip(seqs, logits.argmax(-1).tolist()):
+            seq.output.append(token)
+            if seq.first_token is None:
+                seq.first_token = now
+            if seq.done:
+                seq.state, seq.finish = "finished", now
+                self.cache.free(seq.id)
+                retired.append(seq.id)
+        if retired:
+            self.finished.extend(s for s in self.running if s.state == "finished")
+            self.running = [s for s in self.running if s.state == "running"]
+        record = StepRecord(kind, now, [s.id for s in self.running], [s.id for s in admitted], retired, preempted,
+                            computed, self.cache.used_blocks() * self.cache.block_size, self.cache.stored_tokens())
+        self.history.append(record)
+        return record
+
+
+@dataclass
+class RunResult:
+    """One way of serving a trace: every request's tokens and times, and what the KV memory held."""
+    name: str
+    tokens: dict[int, list[int]]
+    arrival: dict[int, float]
+    first_token: dict[int, float]
+    finish: dict[int, float]
+    used_positions: int = 0     # summed over decode steps: positions reserved for running requests
+    real_tokens: int = 0        # of which held a token
+    computed_tokens: int = 0    # tokens that went through the model (prefill and decode)
+    preemptions: int = 0
+    steps: int = 0
+
+    @property
+    def generated(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+    @property
+    def makespan(self) -> float:
+        return max(self.finish.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.makespan
+
+    @property
+    def memory_share(self) -> float:
+        return self.real_tokens / self.used_positions if self.used_positions else 0.0
+
+    def latencies(self) -> list[float]:
+        return [self.finish[i] - self.arrival[i] for i in sorted(self.finish)]
+
+    def ttfts(self) -> list[float]:
+        return [self.first_token[i] - self.arrival[i] for i in sorted(self.first_token)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation, as ``numpy.percentile``."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    i = int(pos)
+    return xs[i] if i + 1 >= len(xs) else xs[i] + (xs[i + 1] - xs[i]) * (pos - i)
+
+
+def _result(name: str, requests: list[Request]) -> RunResult:
+    return RunResult(name, {}, {r.id: r.arrival for r in requests}, {}, {})
+
+
+def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None, **engine_options) -> RunResult:
+    """Serve the trace with the :class:`Engine`; ``on_step(engine, record)`` after every step."""
+    engine = Engine(model, num_blocks, **engine_options)
+    for r in sorted(requests, key=lambda r: r.arrival):
+        engine.add(r)
+    while engine.has_work:
+        record = engine.step()
+        if on_step is not None:
+            on_step(engine, record)
+    out = _result("continuous batching, paged cache", requests)
+    for s in engine.finished:
+        out.tokens[s.id], out.first_token[s.id], out.finish[s.id] = s.output, s.first_token, s.finish
+        out.preemptions += s.preemptions
+    for rec in engine.history:
+        out.computed_tokens += rec.computed_tokens
+        if rec.kind == "decode":
+            out.used_positions += rec.used_positions
+            out.real_tokens += rec.real_tokens
+    out.steps = sum(rec.kind != "idle" for rec in engine.history)
+    return out
+
+
+def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) -> None:
+    """One fixed batch through ``generate`` with the teaching model's static ``KVCache``.
+
+    ``generate`` reserves ``block_size`` positions for every row, and the batch runs until its
+    longest answer is written: shorter rows keep their rows (and compute) until then.
+    """
+    block = model.config.block_size
+    idx, mask = pad_prompts([r.prompt for r in batch])
+    longest = max(r.max_new_tokens for r in batch)
+
+    def on_token(step, new):
+        now = clock.now()
+        for r in batch:
+            out.first_token.setdefault(r.id, now)
+        out.used_positions += len(batch) * block
+        out.real_tokens += sum(len(r.prompt) + min(step + 1, r.max_new_tokens) for r in batch)
+
+    result = generate(model, idx, longest, temperature=0.0, key_mask=None if len(batch) == 1 else mask,
+                      decoder="model", on_token=on_token)
+    now = clock.now()
+    for b, r in enumerate(batch):
+        out.tokens[r.id] = result.new_tokens[b, :r.max_new_tokens].tolist()
+        out.finish[r.id] = now
+    out.computed_tokens += idx.numel() + len(batch) * (longest - 1)
+    out.steps += longest
+
+
+def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8) -> RunResult:
+    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests."""
+    batch_size = check_int("batch_size", batch_size, 1)
+    clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
+    queue = deque(sorted(requests, key=lambda r: r.arrival))
+    while queue:
+        clock.wait_until(queue[0].arrival)
+        now, batch = clock.now(), []
+        while queue and len(batch) < batch_size and queue[0].arrival <= now:
+            batch.append(queue.popleft())
+        _run_static(model, batch, out, clock)
+    return out
+
+
+def run_one_at_a_time(model: GPT, requests: list[Request]) -> RunResult:
+    """Each request alone, in arrival order, through ``generate`` with the static ``KVCache``."""
+    out = run_static_batching(model, requests, batch_size=1)
+    out.name = "one at a time, static cache"
+    return out
+
+
+@torch.inference_mode()
+def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
+                    top_k: int | None = 40, seed: int = 0, block_size: int = BLOCK_SIZE) -> dict:
+    """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
+
+    The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). Each
+    continuation's first write into the shared, partly filled last block copies that block first
+    (copy-on-write); the full blocks stay shared to the end.
+    """
+    n = check_int("n", n, 1)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size - len(prompt))
+    need = n * -(-(len(prompt) + max_new_tokens) // block_size)
+    cache = PagedKVCache(model.config, need, block_size, enable_prefix_caching=False)
+    cache.add_sequence(0, prompt)
+    logits = cache.forward(model, [0], [prompt])
+    prompt_blocks = list(cache.tables[0].blocks)
+    for i in range(1, n):
+        cache.fork(0, i)
+    shared_after_fork = cache.used_blocks()
+    gen = torch.Generator().manual_seed(seed)
+    logits = logits.expand(n, -1)
+    outputs = [[] for _ in range(n)]
+    for step in range(max_new_tokens):
+        nxt = sample_next(logits, temperature, top_k, None, gen)[:, 0].tolist()
+        for o, t in zip(outputs, nxt):
+            o.append(t)
+        if step + 1 < max_new_tokens:
+            logits = cache.forward(model, list(range(n)), [[t] for t in nxt])
+    return {"n": n, "prompt_tokens": len(prompt), "prompt_blocks": len(prompt_blocks),
+            "blocks_after_fork": shared_after_fork, "blocks_at_end": cache.used_blocks(),
+            "blocks_without_sharing": n * len(cache.tables[0].blocks),
+            "full_prompt_blocks_still_shared": sum(cache.pool.blocks[b].ref_count == n for b in prompt_blocks),
+            "copies_on_write": cache.copies_on_write, "outputs": outputs}

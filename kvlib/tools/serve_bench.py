@@ -1,0 +1,138 @@
+"""``python -m kvlib serve``: one trace served three ways, side by side in one run, and a decode step timed.
+
+The three ways get the same requests at the same arrival times and write the same greedy tokens
+(the report says whether they did). Continuous batching gets the KV memory the static batch
+reserves (``batch_size`` rows of ``block_size`` positions), cut into blocks. The targets are printed
+beside this machine's measurement, never asserted: timings move from run to run.
+"""
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from ..model import GPT
+from ..paged import BLOCK_SIZE, PagedKVCache
+from ..serving import (RunResult, make_trace, percentile, run_continuous, run_one_at_a_time,
+                       run_static_batching)
+
+# What the notebook and the paper lead one to expect (printed against, never asserted).
+TARGETS = {
+    "continuous_vs_static_tokens_per_s": 2.0,    # at least
+    "continuous_vs_one_at_a_time_tokens_per_s": 5.0,
+    "paged_memory_share": 0.90,                  # at least (vLLM paper: about 96 %)
+    "static_memory_share": 0.40,                 # at most (the paper: earlier servers 20-38 %)
+    "paged_vs_static_decode_step": 1.5,          # at most
+}
+
+
+def summarize(run: RunResult) -> dict:
+    lat, ttft = run.latencies(), run.ttfts()
+    return {"name": run.name, "generated_tokens": run.generated, "seconds": run.makespan,
+            "tokens_per_s": run.tokens_per_s,
+            "mean_latency_s": sum(lat) / len(lat), "p95_latency_s": percentile(lat, 95),
+            "mean_ttft_s": sum(ttft) / len(ttft), "p95_ttft_s": percentile(ttft, 95),
+            "memory_share": run.memory_share, "forward_passes": run.steps,
+            "computed_tokens": run.computed_tokens, "preemptions": run.preemptions}
+
+
+@torch.inference_mode()
+def decode_step_ms(model: GPT, batch_size: int = 8, context: int = 64, steps: int = 16, repeats: int = 5,
+                   seed: int = 0) -> dict:
+    """Median milliseconds of one decode step at equal batch: the static ``KVCache`` against the paged cache."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context), generator=gen)
+    step_tokens = torch.randint(0, model.config.vocab_size, (batch_size, 1), generator=gen)
+    sids = list(range(batch_size))
+    static, paged = [], []
+    for _ in range(repeats):
+        cache = model.new_cache(batch_size)
+        model(prompt, cache=cache, last_only=True)
+        t = time.perf_counter()
+        for _ in range(steps):
+            model(step_tokens, cache=cache, last_only=True)
+        static.append((time.perf_counter() - t) / steps)
+
+        blocks = batch_size * -(-(context + steps) // BLOCK_SIZE)
+        pc = PagedKVCache(model.config, blocks, enable_prefix_caching=False)
+        for s in sids:
+            pc.add_sequence(s, prompt[s].tolist())
+        pc.forward(model, sids, prompt.tolist())
+        new = step_tokens.tolist()
+        t = time.perf_counter()
+        for _ in range(steps):
+            pc.forward(model, sids, new)
+        paged.append((time.perf_counter() - t) / steps)
+    s, p = 1e3 * sorted(static)[repeats // 2], 1e3 * sorted(paged)[repeats // 2]
+    return {"batch_size": batch_size, "context": context, "static_ms": s, "paged_ms": p, "ratio": p / s}
+
+
+def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int = 24, rate: float = 100.0,
+                    seed: int = 0, batch_size: int = 8, max_num_seqs: int = 32, max_new_tokens: int = 64,
+                    runs: dict | None = None) -> dict:
+    """The side-by-side report (JSON-able), on one thread. ``runs`` may pass results already computed on this trace."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # fastest at this size, and a busy second core makes every step wait
+    try:
+        return _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens,
+                       runs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens, runs):
+    trace = make_trace(tokenizer, poems, n_requests, rate, seed, max_new_tokens=max_new_tokens)
+    block = model.config.block_size
+    num_blocks = batch_size * block // BLOCK_SIZE  # the static batch's memory, in blocks
+    if runs is None:
+        runs = {"one_at_a_time": run_one_at_a_time(model, trace),
+                "static": run_static_batching(model, trace, batch_size),
+                "continuous": run_continuous(model, trace, num_blocks, max_num_seqs=max_num_seqs)}
+    ref = runs["one_at_a_time"].tokens
+    same = all(r.tokens == ref for r in runs.values())
+    summary = {k: summarize(r) for k, r in runs.items()}
+    step = decode_step_ms(model, batch_size)
+    c, s, o = (summary[k]["tokens_per_s"] for k in ("continuous", "static", "one_at_a_time"))
+    measured = {
+        "continuous_vs_static_tokens_per_s": c / s,
+        "continuous_vs_one_at_a_time_tokens_per_s": c / o,
+        "paged_memory_share": summary["continuous"]["memory_share"],
+        "static_memory_share": summary["static"]["memory_share"],
+        "paged_vs_static_decode_step": step["ratio"],
+    }
+    at_most = {"static_memory_share", "paged_vs_static_decode_step"}
+    targets = {k: {"target": TARGETS[k], "kind": "at most" if k in at_most else "at least", "measured": v,
+                   "met": v <= TARGETS[k] if k in at_most else v >= TARGETS[k]} for k, v in measured.items()}
+    return {
+        "trace": {"requests": len(trace), "rate_per_s": rate, "seed": seed,
+                  "prompt_tokens": [len(r.prompt) for r in trace],
+                  "answer_tokens": [r.max_new_tokens for r in trace],
+                  "last_arrival_s": trace[-1].arrival},
+        "settings": {"static_batch_size": batch_size, "block_size": BLOCK_SIZE, "num_blocks": num_blocks,
+                     "kv_positions": num_blocks * BLOCK_SIZE, "max_num_seqs": max_num_seqs},
+        "runs": summary, "same_tokens": same, "decode_step": step, "targets": targets,
+        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "processor": platform.machine()},
+    }
+
+
+def format_report(report: dict) -> str:
+    t, st = report["trace"], report["settings"]
+    lines = [f"{t['requests']} requests arriving at {t['rate_per_s']:g}/s (seed {t['seed']}); KV memory "
+             f"{st['kv_positions']} positions = {st['static_batch_size']} static rows or {st['num_blocks']} blocks "
+             f"of {st['block_size']}",
+             f"{'':36} {'tokens/s':>9} {'latency mean':>13} {'p95':>7} {'TTFT mean':>10} {'p95':>7} "
+             f"{'KV share':>9} {'preempt':>8}"]
+    for r in report["runs"].values():
+        lines.append(f"{r['name']:36} {r['tokens_per_s']:9.0f} {r['mean_latency_s']:12.3f}s {r['p95_latency_s']:6.3f}s "
+                     f"{r['mean_ttft_s']:9.3f}s {r['p95_ttft_s']:6.3f}s {100 * r['memory_share']:8.1f}% "
+                     f"{r['preemptions']:8d}")
+    lines.append(f"same tokens in all three: {report['same_tokens']}")
+    d = report["decode_step"]
+    lines.append(f"decode step, batch {d['batch_size']} at {d['context']} cached tokens: static cache "
+                 f"{d['static_ms']:.2f} ms, paged {d['paged_ms']:.2f} ms")
+    lines.append("targets (this machine's measurement):")
+    for k, v in report["targets"].items():
+        lines.append(f"  {k:42} {v['measured']:7.2f}  target {v['kind']} {v['target']:.2f}  "
+                     f"{'met' if v['met'] else 'not met'}")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""The engine: a request's tokens do not depend on its neighbours, preemption and prefix hits change nothing."""
+import pytest
+import torch
+
+from kvlib.decoding import generate
+from kvlib.serving import (Engine, Request, make_trace, parallel_sample, percentile, run_continuous,
+                           run_one_at_a_time, run_static_batching)
+from kvlib.text import encode_prompt
+
+POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
+         "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
+         "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。",
+         "千山鸟飞绝，万径人踪灭。孤舟蓑笠翁，独钓寒江雪。",
+         "红豆生南国，春来发几枝。愿君多采撷，此物最相思。"]
+
+
+@pytest.fixture(scope="module")
+def trace(shipped_char):
+    _, tok = shipped_char
+    return make_trace(tok, POEMS, 8, rate=200.0, seed=3, max_new_tokens=20)
+
+
+def alone(model, request):
+    out = generate(model, torch.tensor([request.prompt]), request.max_new_tokens, temperature=0.0, decoder="model")
+    return out.new_tokens[0].tolist()
+
+
+def test_the_trace_is_seeded_and_fits_the_block(shipped_char, trace):
+    model, tok = shipped_char
+    again = make_trace(tok, POEMS, 8, rate=200.0, seed=3, max_new_tokens=20)
+    assert [(r.prompt, r.max_new_tokens, r.arrival) for r in again] == [(r.prompt, r.max_new_tokens, r.arrival)
+                                                                         for r in trace]
+    assert all(r.prompt[0] == tok.eos_id and 5 <= len(r.prompt) <= 25 for r in trace)
+    assert all(1 <= r.max_new_tokens <= 20 and len(r.prompt) + r.max_new_tokens <= 128 for r in trace)
+    arrivals = [r.arrival for r in trace]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+    with pytest.raises(ValueError, match="rate"):
+        make_trace(tok, POEMS, 2, rate=0)
+
+
+def test_tokens_do_not_depend_on_the_batch_even_with_preemption(shipped_char, trace):
+    model, _ = shipped_char
+    run = run_continuous(model, trace, num_blocks=8, max_num_seqs=8)  # one sequence's worth: preemption
+    assert run.preemptions > 0
+    for r in trace:
+        assert run.tokens[r.id] == alone(model, r), f"request {r.id}"
+
+
+def test_the_three_ways_write_the_same_tokens(shipped_char, trace):
+    model, _ = shipped_char
+    one, static = run_one_at_a_time(model, trace), run_static_batching(model, trace, 4)
+    cont = run_continuous(model, trace, num_blocks=32)
+    assert one.tokens == static.tokens == cont.tokens
+    for run in (one, static, cont):
+        assert set(run.finish) == {r.id for r in trace}
+        assert all(run.first_token[i] <= run.finish[i] and run.arrival[i] <= run.first_token[i] for i in run.finish)
+        assert 0 < run.memory_share <= 1
+    assert static.memory_share < cont.memory_share
+
+
+def test_finished_sequences_leave_at_once_and_free_their_blocks(shipped_char, trace):
+    model, _ = shipped_char
+    engine = Engine(model, 32)
+    for r in trace:
+        engine.add(r)
+    while engine.has_work:
+        rec = engine.step()
+        assert not set(rec.retired) & set(rec.running)
+        assert len(rec.running) <= engine.max_num_seqs
+        assert sum(engine.cache.tables[i].length for i in rec.running) >= rec.real_tokens
+    assert engine.cache.pool.num_free == 32 and not engine.cache.tables
+    assert {s.id for s in engine.finished} == {r.id for r in trace}
+
+
+def test_prefix_caching_saves_prefill_and_changes_no_token(shipped_char):
+    model, tok = shipped_char
+    prefix = "床前明月光，疑是地上霜。"
+    reqs = [Request(i, encode_prompt(tok, prefix + c), 6, arrival=0.01 * i) for i, c in enumerate("举低望思")]
+    off = run_continuous(model, reqs, 32, block_size=4)
+    on = run_continuous(model, reqs, 32, block_size=4, enable_prefix_caching=True)
+    assert on.tokens == off.tokens
+    assert on.computed_tokens < off.computed_tokens
+
+
+def test_parallel_samples_share_the_prompt_blocks(shipped_char):
+    model, tok = shipped_char
+    prompt = encode_prompt(tok, "床前明月光，疑是地上霜。")  # 13 tokens: 3 full blocks of 4, one partly filled
+    r = parallel_sample(model, prompt, 4, 8, block_size=4, seed=1)
+    assert r["prompt_blocks"] == r["blocks_after_fork"] == 4
+    assert r["copies_on_write"] == 3 and r["full_prompt_blocks_still_shared"] == 3
+    assert r["blocks_at_end"] < r["blocks_without_sharing"]
+    assert len({tuple(o) for o in r["outputs"]}) > 1
+    assert parallel_sample(model, prompt, 4, 8, block_size=4, seed=1)["outputs"] == r["outputs"]
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 95) == 5.0
+    assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)
+
+
+def test_engine_settings_are_checked(shipped_char):
+    model, _ = shipped_char
+    with pytest.raises(ValueError, match="num_blocks"):
+        Engine(model, 7)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        Engine(model, 8, max_num_batched_tokens=64)

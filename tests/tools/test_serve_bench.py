@@ -1,0 +1,59 @@
+"""The side-by-side serving report: its structure, never its timings."""
+import json
+
+import pytest
+
+from kvlib.tools import cli
+from kvlib.tools.serve_bench import TARGETS, decode_step_ms, format_report, run_serve_bench
+
+POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
+         "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
+         "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。"]
+RUNS = ("one_at_a_time", "static", "continuous")
+
+
+@pytest.fixture(scope="module")
+def report(shipped_char):
+    model, tok = shipped_char
+    return run_serve_bench(model, tok, POEMS, n_requests=5, max_new_tokens=8, batch_size=2)
+
+
+def test_the_report_has_every_figure_for_every_way(report):
+    assert set(report["runs"]) == set(RUNS)
+    for r in report["runs"].values():
+        for key in ("tokens_per_s", "mean_latency_s", "p95_latency_s", "mean_ttft_s", "p95_ttft_s", "memory_share"):
+            assert isinstance(r[key], float) and r[key] >= 0
+        assert r["generated_tokens"] == sum(report["trace"]["answer_tokens"])
+    assert report["same_tokens"] is True
+    assert report["settings"]["num_blocks"] * report["settings"]["block_size"] == 2 * 128
+    assert set(report["targets"]) == set(TARGETS)
+    assert all(set(t) == {"target", "kind", "measured", "met"} for t in report["targets"].values())
+    json.dumps(report)  # JSON-able
+
+
+def test_the_printed_report_names_the_targets(report):
+    text = format_report(report)
+    assert "same tokens in all three: True" in text
+    assert all(k in text for k in TARGETS) and "this machine's measurement" in text
+
+
+def test_decode_step_times_both_caches(shipped_char):
+    d = decode_step_ms(shipped_char[0], batch_size=2, context=8, steps=2, repeats=1)
+    assert d["static_ms"] > 0 and d["paged_ms"] > 0 and d["ratio"] == pytest.approx(d["paged_ms"] / d["static_ms"])
+
+
+def test_the_command_prints_json(capsys, monkeypatch):
+    import kvlib.tools.serve_bench as sb
+
+    calls = {}
+
+    def fake(model, tok, poems, **kw):
+        calls.update(kw)
+        return {"runs": {}, "fake": True}
+
+    monkeypatch.setattr(sb, "run_serve_bench", fake)
+    assert cli.main(["serve", "--requests", "3", "--rate", "50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"runs": {}, "fake": True}
+    assert calls == {"n_requests": 3, "rate": 50.0, "seed": 0}
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--requests", "0"])

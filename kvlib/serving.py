@@ -104,6 +104,7 @@ class StepRecord:
     computed_tokens: int = 0           # tokens that went through the model this step
     used_positions: int = 0            # block positions held by running sequences
     real_tokens: int = 0               # of which hold a token
+    released: dict[int, list[int]] = field(default_factory=dict)  # blocks given back, per sequence
 
 
 class Engine:
@@ -136,6 +137,7 @@ class Engine:
         self.running: list[Sequence] = []         # in admission order: the last is the newest
         self.finished: list[Sequence] = []
         self.history: list[StepRecord] = []
+        self._released: dict[int, list[int]] = {}
 
     def add(self, request: Request) -> None:
         self.waiting.append(Sequence(request))
@@ -162,11 +164,15 @@ class Engine:
             budget, free = budget - n, free - blocks
         return admitted
 
+    def _release(self, sid: int) -> None:
+        self._released[sid] = list(self.cache.tables[sid].blocks)
+        self.cache.free(sid)
+
     def _preempt_for_decode(self) -> list[int]:
         preempted = []
         while sum(self.cache.slots_needed(s.id, 1) for s in self.running) > self.cache.pool.num_free:
             victim = self.running.pop()
-            self.cache.free(victim.id)
+            self._release(victim.id)
             victim.state, victim.preemptions = "waiting", victim.preemptions + 1
             self.waiting.appendleft(victim)
             preempted.append(victim.id)
@@ -174,6 +180,7 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> StepRecord:
+        self._released = {}
         admitted = self._admit()
         preempted, computed = [], 0
         if admitted:
@@ -204,13 +211,14 @@ class Engine:
                 seq.first_token = now
             if seq.done:
                 seq.state, seq.finish = "finished", now
-                self.cache.free(seq.id)
+                self._release(seq.id)
                 retired.append(seq.id)
         if retired:
             self.finished.extend(s for s in self.running if s.state == "finished")
             self.running = [s for s in self.running if s.state == "running"]
         record = StepRecord(kind, now, [s.id for s in self.running], [s.id for s in admitted], retired, preempted,
-                            computed, self.cache.used_blocks() * self.cache.block_size, self.cache.stored_tokens())
+                            computed, self.cache.used_blocks() * self.cache.block_size, self.cache.stored_tokens(),
+                            self._released)
         self.history.append(record)
         return record
 

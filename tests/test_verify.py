@@ -246,17 +246,17 @@ def nudging(a: int, b: int, by: float):
     return Nudge
 
 
-@pytest.mark.parametrize("margin, excused", [(0.0, True), (5e-5, True), (1.5e-4, False)],
-                         ids=["exact tie", "margin 5e-5", "margin 1.5e-4"])
+@pytest.mark.parametrize("margin, excused", [(0.0, True), (5e-5, True), (1.2e-4, False)],
+                         ids=["exact tie", "margin 5e-5", "margin 1.2e-4"])
 def test_a_flipped_token_is_excused_only_where_the_margin_is_below_atol(shipped_char, margin, excused):
-    """A change of 0.9e-4 per logit (under the tolerance) flips a near-tie; only margin < 1e-4 excuses it."""
+    """A change of 0.8e-4 per logit (under the tolerance) flips a near-tie; only margin < 1e-4 excuses it."""
     model, tok = shipped_char
     prompt = poem_prompt(tok)
     tied, a, b = near_tie(model, prompt, 3, margin)
     control = verify_cache(tied, prompt, 24, decoder="model")
     assert control.tokens_equal and control.passed and b not in control.tokens
     assert min(control.margins) == pytest.approx(margin, abs=5e-6)  # the constructed near-tie is the smallest
-    report = verify_cache(tied, prompt, 24, decoder=nudging(a, b, 0.9e-4))
+    report = verify_cache(tied, prompt, 24, decoder=nudging(a, b, 0.8e-4))
     print(f"\nmargin {report.divergence_margin}, max diff {report.max_abs_logit_diff:.2e}, passed {report.passed}")
     assert report.first_divergence == 3 and report.tokens[3] == b
     assert report.divergence_margin == pytest.approx(margin, abs=5e-6)
@@ -267,7 +267,7 @@ def test_a_flipped_token_is_excused_only_where_the_margin_is_below_atol(shipped_
 
 def test_the_same_nudge_changes_nothing_away_from_a_near_tie(shipped_char):
     model, tok = shipped_char
-    report = verify_cache(model, poem_prompt(tok), 24, decoder=nudging(1, model.config.vocab_size - 1, 0.9e-4))
+    report = verify_cache(model, poem_prompt(tok), 24, decoder=nudging(1, model.config.vocab_size - 1, 0.8e-4))
     assert report.tokens_equal and report.passed
 
 
@@ -341,13 +341,13 @@ def batch_only_nudge(a: int, b: int, by: float):
     return BatchNudge
 
 
-@pytest.mark.parametrize("margin, consistent", [(5e-5, True), (1.5e-4, False)], ids=["margin 5e-5", "margin 1.5e-4"])
+@pytest.mark.parametrize("margin, consistent", [(5e-5, True), (1.2e-4, False)], ids=["margin 5e-5", "margin 1.2e-4"])
 def test_batch_consistency_excuses_a_flip_only_below_the_single_prompt_margin(shipped_char, margin, consistent):
     model, tok = shipped_char
     prompt = poem_prompt(tok)
     tied, a, b = near_tie(model, prompt, 3, margin)
     prompts = [prompt[0].tolist(), [tok.eos_id] + tok.encode("春风")]
-    result = check_batch_consistency(tied, prompts, 8, decoder=batch_only_nudge(a, b, 0.9e-4))
+    result = check_batch_consistency(tied, prompts, 8, decoder=batch_only_nudge(a, b, 0.8e-4))
     c = result["rows"][0]["comparisons"]["batch vs single (cached)"]
     assert c["first_divergence"] == 3 and c["divergence_margin"] == pytest.approx(margin, abs=5e-6)
     assert result["max_abs_logit_diff"] <= 1e-4 and not result["tokens_equal"]

@@ -57,6 +57,29 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
     return trace
 
 
+def class_trace(tokenizer, poems: list[str], prefix: str = "床前明月光，疑是地上霜。", n_requests: int = 30,
+                answer_tokens: int = 11, gap: float = 0.01, seed: int = 0) -> list[Request]:
+    """A class of ``n_requests`` students continuing one opening couplet, each with a line of their own.
+
+    Student ``i`` arrives ``i * gap`` seconds in and starts the third line with a character that a Tang
+    poet put there (the 13th character of a five-character quatrain of the corpus, all different), so
+    the prompts share ``prefix`` and differ after it.
+    """
+    n_requests = check_int("n_requests", n_requests, 1)
+    rng, starts = random.Random(seed), []
+    order = list(range(len(poems)))
+    rng.shuffle(order)
+    for i in order:
+        poem = poems[i]
+        if len(poem) >= 24 and poem[5] == "，" and poem[11] == "。" and poem[12] not in starts \
+                and not tokenizer.unknown(poem[12]):
+            starts.append(poem[12])
+            if len(starts) == n_requests:
+                break
+    return [Request(i, encode_prompt(tokenizer, prefix + c), answer_tokens, round(i * gap, 6))
+            for i, c in enumerate(starts)]
+
+
 class Clock:
     """Seconds since the start; a wait for the next arrival is skipped, not slept (and still counted)."""
 
@@ -234,6 +257,8 @@ class RunResult:
     used_positions: int = 0     # summed over decode steps: positions reserved for running requests
     real_tokens: int = 0        # of which held a token
     computed_tokens: int = 0    # tokens that went through the model (prefill and decode)
+    prefill_tokens: int = 0     # of which in prefills (prompts, and recomputation after preemption)
+    prefix_hit_tokens: int = 0  # prompt tokens found in the pool instead of computed
     preemptions: int = 0
     steps: int = 0
 
@@ -285,8 +310,11 @@ def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_s
     for s in engine.finished:
         out.tokens[s.id], out.first_token[s.id], out.finish[s.id] = s.output, s.first_token, s.finish
         out.preemptions += s.preemptions
+    out.prefix_hit_tokens = engine.cache.prefix_hit_tokens
     for rec in engine.history:
         out.computed_tokens += rec.computed_tokens
+        if rec.kind == "prefill":
+            out.prefill_tokens += rec.computed_tokens
         if rec.kind == "decode":
             out.used_positions += rec.used_positions
             out.real_tokens += rec.real_tokens
@@ -318,6 +346,7 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) 
         out.tokens[r.id] = result.new_tokens[b, :r.max_new_tokens].tolist()
         out.finish[r.id] = now
     out.computed_tokens += idx.numel() + len(batch) * (longest - 1)
+    out.prefill_tokens += idx.numel()
     out.steps += longest
 
 

@@ -116,6 +116,55 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
     }
 
 
+def prefix_cache_report(model: GPT, requests: list, *, block_size: int = BLOCK_SIZE, kv_positions: int = 1024) -> dict:
+    """The same requests with prefix caching off and on: prefill tokens computed, time to first token.
+
+    The pool holds ``kv_positions`` positions (as many blocks of ``block_size`` as fit), whatever the block size.
+    """
+    num_blocks = max(kv_positions // block_size, -(-model.config.block_size // block_size))
+    run_continuous(model, requests[:1], num_blocks, block_size=block_size)  # warm-up, not counted
+    off = run_continuous(model, requests, num_blocks, block_size=block_size)
+    on = run_continuous(model, requests, num_blocks, block_size=block_size, enable_prefix_caching=True)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"requests": len(requests), "block_size": block_size, "prompt_tokens": sum(len(r.prompt) for r in requests),
+            "prefill_tokens_without": off.prefill_tokens, "prefill_tokens_with": on.prefill_tokens,
+            "prefix_hit_tokens": on.prefix_hit_tokens, "same_tokens": on.tokens == off.tokens,
+            "mean_ttft_ms_without": 1e3 * mean(off.ttfts()), "mean_ttft_ms_with": 1e3 * mean(on.ttfts()),
+            "preemptions": [off.preemptions, on.preemptions]}
+
+
+@torch.inference_mode()
+def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats: int = 5) -> dict:
+    """Median time of one batched prefill of requests that share a prefix, without and with prefix caching.
+
+    The first request (``shared + suffixes[0]``) is prefilled alone and fills the pool; the others
+    (``shared + suffix`` each) are then prefilled together, in one forward, and timed: every prompt
+    token without prefix caching, only what follows each one's cached full blocks with it.
+    """
+    prompts = [shared + s for s in suffixes]
+    first, rest = prompts[0], prompts[1:]
+    if not rest:
+        raise ValueError("suffixes must hold at least two suffixes: one request fills the cache, the others hit it")
+    blocks = sum(-(-len(p) // BLOCK_SIZE) for p in prompts)
+    times, computed = {False: [], True: []}, {}
+    sids = list(range(1, len(prompts)))
+    for _ in range(repeats):
+        for use in (False, True):
+            cache = PagedKVCache(model.config, blocks, enable_prefix_caching=use)
+            cache.add_sequence(0, first)
+            cache.forward(model, [0], [first])
+            cached = [cache.add_sequence(i, p) for i, p in zip(sids, rest)]
+            new = [p[c:] for p, c in zip(rest, cached)]
+            computed[use] = sum(len(t) for t in new)
+            t = time.perf_counter()
+            cache.forward(model, sids, new)
+            times[use].append(time.perf_counter() - t)
+    med = {k: 1e3 * sorted(v)[repeats // 2] for k, v in times.items()}
+    return {"requests_timed": len(rest), "shared_tokens": len(shared), "prompt_tokens": sum(len(p) for p in rest),
+            "computed_without": computed[False], "computed_with": computed[True],
+            "ms_without": med[False], "ms_with": med[True]}
+
+
 def format_report(report: dict) -> str:
     t, st = report["trace"], report["settings"]
     lines = [f"{t['requests']} requests arriving at {t['rate_per_s']:g}/s (seed {t['seed']}); KV memory "

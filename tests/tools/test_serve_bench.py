@@ -57,3 +57,21 @@ def test_the_command_prints_json(capsys, monkeypatch):
     assert calls == {"n_requests": 3, "rate": 50.0, "seed": 0}
     with pytest.raises(SystemExit):
         cli.main(["serve", "--requests", "0"])
+
+
+def test_prefix_reports_count_what_the_cache_saves(shipped_char):
+    from kvlib.serving import Request
+    from kvlib.text import encode_prompt
+    from kvlib.tools.serve_bench import prefill_ms, prefix_cache_report
+
+    model, tok = shipped_char
+    reqs = [Request(i, encode_prompt(tok, "床前明月光，疑是地上霜。" + c), 3, 0.05 * i) for i, c in enumerate("举低望")]
+    r = prefix_cache_report(model, reqs, block_size=4)
+    assert r["same_tokens"] and r["prefill_tokens_without"] == r["prompt_tokens"] == 42
+    assert r["prefix_hit_tokens"] > 0 and r["prefill_tokens_with"] < r["prefill_tokens_without"]
+    assert prefix_cache_report(model, reqs)["prefix_hit_tokens"] == 0  # 14-token prompts: no full block of 16
+    shared = encode_prompt(tok, "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。")  # 25 tokens
+    p = prefill_ms(model, shared, [encode_prompt(tok, "春"), encode_prompt(tok, "秋")], repeats=1)
+    assert p["computed_without"] == 27 and p["computed_with"] == 27 - 16 and p["ms_with"] > 0
+    with pytest.raises(ValueError, match="suffixes"):
+        prefill_ms(model, shared, [[1]])

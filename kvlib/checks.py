@@ -38,11 +38,16 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
 
 
 def check_temperature(temperature) -> float:
+    """Any finite number >= 0: 0 is argmax, and sampling stays exact at both extremes (1e-300, 1e300)."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number >= 0, got {temperature!r}")
+    try:
+        temperature = float(temperature)
+    except OverflowError:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}") from None
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}")
-    return float(temperature)
+    return temperature
 
 
 def check_top_k(k) -> int | None:
@@ -68,6 +73,139 @@ def check_top_p(p) -> float | None:
 def check_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
     """Sampling settings as plain Python numbers, checked once before a decoding loop starts."""
     return check_temperature(temperature), check_top_k(top_k), check_top_p(top_p)
+
+
+SEED_MAX = 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A seed for ``torch.Generator().manual_seed``: an int in [0, 2**64 - 1]."""
+    return check_int(name, seed, 0, SEED_MAX, f"an int in [0, 2**64 - 1]")
+
+
+def check_choice(name: str, value, choices) -> object:
+    """One of ``choices`` exactly (7.0 is not 7, True is not 1)."""
+    if not any(type(value) is type(c) and value == c for c in choices):
+        shown = [repr(c) for c in choices]
+        shown = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+        raise (TypeError if all(type(value) is not type(c) for c in choices) else ValueError)(
+            f"{name} must be {shown}, got {value!r}")
+    return value
+
+
+def check_text(text, name: str = "text") -> str:
+    """A str of valid Unicode: no lone surrogates (what bytes that were not UTF-8 turn into)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name} is not valid Unicode text: {text[e.start]!a} at index {e.start} is a lone "
+                         f"surrogate (bytes that were not UTF-8?); allowed is text that encodes as UTF-8") from None
+    return text
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
+    """Token ids as a list of ints in [0, vocab_size): a list, tuple, range or 1-D integer tensor."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() > 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {_describe(ids)}")
+        ids = ids.tolist() if ids.dim() else [ids.item()]
+    elif isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
+        raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name}[{i}] must be an int token id in [0, {vocab_size}), got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{name}[{i}] = {t!r} is not a token id: allowed are ints in [0, {vocab_size})")
+    return [int(t) for t in ids]
+
+
+def check_token_lists(prompts, pad_id) -> list[list[int]]:
+    """A non-empty list of non-empty token-id lists (ints >= 0), and a pad id (an int >= 0)."""
+    check_int("pad_id", pad_id, 0)
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise (ValueError if isinstance(prompts, (list, tuple)) else TypeError)(
+            f"prompts must be a non-empty list of token-id lists, got {prompts!r:.60}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            if p.dim() != 1 or p.is_floating_point() or p.dtype == torch.bool:
+                raise TypeError(f"prompt {i} must be a list of int token ids (or a 1-D integer tensor), "
+                                f"got {_describe(p)}")
+            p = p.tolist()
+        if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple)):
+            raise TypeError(f"prompt {i} must be a list of int token ids, got {p!r:.60}")
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every row needs at least one token")
+        for j, t in enumerate(p):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"prompt {i}, token {j} must be an int token id, got {t!r}")
+            if t < 0 or t >= 2**63:
+                raise ValueError(f"prompt {i}, token {j} must be a token id (an int >= 0), got {t!r}")
+        out.append([int(t) for t in p])
+    return out
+
+
+def check_weights(model) -> None:
+    """Every parameter and buffer of ``model`` is finite; the first one that is not is named."""
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"model weight {name} holds {bad} non-finite value(s) (NaN or inf) of "
+                             f"{t.numel()}: the model cannot produce meaningful logits; allowed are finite weights "
+                             f"(reload the checkpoint, or retrain with a lower learning rate)")
+
+
+def check_pair(model, tokenizer) -> None:
+    """A tokenizer and a model that belong together: the same number of ids."""
+    v = getattr(tokenizer, "vocab_size", None)
+    if not isinstance(v, int) or not hasattr(tokenizer, "encode"):
+        raise TypeError(f"tokenizer must be a kvlib tokenizer (CharTokenizer or ByteBPETokenizer), "
+                        f"got {type(tokenizer).__name__}")
+    if v != model.config.vocab_size:
+        raise ValueError(f"the tokenizer ({getattr(tokenizer, 'kind', '?')}, {v} ids) does not belong to the "
+                         f"model ({model.config.vocab_size} ids): load both with load_pretrained(name)")
+
+
+def check_char_table(itos, separator: str, unk: str) -> list[str]:
+    """A character vocabulary: a list of distinct str, the separator and ``unk`` first, then single characters."""
+    if not isinstance(itos, (list, tuple)):
+        raise TypeError(f"a char vocabulary (itos) must be a list of str, got {type(itos).__name__}")
+    if list(itos[:2]) != [separator, unk]:
+        raise ValueError(f"a char vocabulary starts with the separator and <unk> ['\\n', '<unk>'], "
+                         f"got {list(itos[:2])!r}")
+    seen = set()
+    for i, ch in enumerate(itos):
+        if i >= 2 and (not isinstance(ch, str) or len(ch) != 1):
+            raise ValueError(f"char vocabulary entry {i} must be one character, got {ch!r:.40}")
+        if ch in seen:
+            raise ValueError(f"char vocabulary entry {i} ({ch!r}) is a duplicate: every character has one id")
+        seen.add(ch)
+    return list(itos)
+
+
+def check_merges(merges) -> list[tuple[int, int]]:
+    """BPE merges: a list of [a, b] pairs, each id a byte (0-255) or an earlier merge's id."""
+    if not isinstance(merges, (list, tuple)):
+        raise TypeError(f"BPE merges must be a list of [a, b] id pairs, got {type(merges).__name__}")
+    out = []
+    for r, m in enumerate(merges):
+        if not isinstance(m, (list, tuple)) or len(m) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in m):
+            raise ValueError(f"BPE merge {r} must be a pair of int ids [a, b], got {m!r:.40}")
+        if not all(0 <= x < 256 + r for x in m):
+            raise ValueError(f"BPE merge {r} = {list(m)!r} names an id that is not defined yet: allowed are "
+                             f"bytes 0-255 and the ids of earlier merges, [0, {256 + r})")
+        out.append((int(m[0]), int(m[1])))
+    return out
+
+
+def check_config(config, cls) -> None:
+    """A model configuration of class ``cls`` (a GPTConfig), not a dict or a number."""
+    if not isinstance(config, cls):
+        hint = f" (use {cls.__name__}(**d) for a dict)" if isinstance(config, dict) else ""
+        raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}{hint}")
 
 
 def check_generator(generator) -> torch.Generator | None:
@@ -154,9 +292,20 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
     if not isinstance(key_mask, torch.Tensor) or key_mask.shape != idx.shape:
         got = tuple(key_mask.shape) if isinstance(key_mask, torch.Tensor) else type(key_mask).__name__
         raise ValueError(f"key_mask must have the shape of idx {tuple(idx.shape)}, got {got}")
-    key_mask = key_mask.bool()
+    if key_mask.dtype != torch.bool:
+        if key_mask.is_complex() or not bool(((key_mask == 0) | (key_mask == 1)).all()):
+            raise ValueError(f"key_mask must hold only True/False (or 1/0), got {_describe(key_mask)} "
+                             f"with other values")
+        key_mask = key_mask.bool()
     if int(key_mask.sum(-1).min()) == 0:
         raise ValueError("every row of key_mask needs at least one real token")
+    # Left padding: in each row the padding (False) comes first, then only real tokens (True).
+    bad = (key_mask[:, :-1] & ~key_mask[:, 1:]).any(-1)                  # a real token followed by padding
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"key_mask row {row} is {key_mask[row].int().tolist()!r:.80}: padding after a real "
+                         f"token (right padding); the decoding loop reads each row's last column, so pad on "
+                         f"the left (pad_prompts does)")
     return key_mask
 
 
@@ -170,10 +319,42 @@ def check_generate_inputs(model, idx, max_new_tokens, key_mask, eos_id, on_conte
     cfg = model.config
     key_mask = check_prompt(idx, key_mask, max_new_tokens, cfg.vocab_size)
     check_eos(eos_id, cfg.vocab_size)
+    check_weights(model)
     if idx.shape[1] > cfg.block_size:
         raise ContextLimitError(f"the prompt has {idx.shape[1]} tokens but the model's block holds "
                                 f"{cfg.block_size}; keep the last {cfg.block_size} tokens")
     return key_mask, sampling
+
+
+def check_verify_inputs(model, idx, steps) -> None:
+    """``verify_cache``: one int64 prompt (1, P) that fits the block, and 1 <= steps <= block - P + 1."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
+        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"verify_cache takes one prompt of shape (1, P), int64, got {got}")
+    block = model.config.block_size
+    P = idx.shape[1]
+    if P == 0:
+        raise ValueError("verify_cache needs a prompt of at least one token, got shape (1, 0)")
+    if P > block:
+        raise ContextLimitError(f"the prompt has {P} tokens but the model's block holds {block}: no step fits; "
+                                f"keep the last {block} tokens at most")
+    check_int("steps", steps, 1, block - P + 1,
+              f"an int in [1, {block - P + 1}] for a {P}-token prompt and block size {block}")
+
+
+def check_batch_inputs(model, prompts, steps) -> None:
+    """``check_batch_consistency``: token-id lists that fit the block, and steps >= 1."""
+    prompts = check_token_lists(prompts, 0)
+    block = model.config.block_size
+    longest = max(len(p) for p in prompts)
+    if longest > block:
+        raise ContextLimitError(f"prompt {max(range(len(prompts)), key=lambda i: len(prompts[i]))} has {longest} "
+                                f"tokens but the model's block holds {block}")
+    check_int("steps", steps, 1, block - longest + 1,
+              f"an int in [1, {block - longest + 1}] for a longest prompt of {longest} tokens and block size {block}")
+    for i, p in enumerate(prompts):
+        if max(p) >= model.config.vocab_size:
+            raise ValueError(f"prompt {i} holds token id {max(p)}, outside the vocabulary [0, {model.config.vocab_size})")
 
 
 def check_hook_output(logits, shape) -> torch.Tensor:

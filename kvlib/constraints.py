@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_int
+from .checks import check_choice, check_int, check_pair, check_text
 from .decoding import generate
 from .tokenizer import UnknownCharacterError, is_ideograph
 
@@ -47,10 +47,13 @@ def _one_hot(tokenizer, ch: str) -> torch.Tensor:
 
 def max_lines(block_size: int, chars_per_line: int) -> int:
     """Lines that fit the block after the poem-start token: each is its characters plus one mark."""
+    check_int("block_size", block_size, 1)
+    check_int("chars_per_line", chars_per_line, 1)
     return block_size // (chars_per_line + 1)
 
 
 def _run(model, tokenizer, schedule, chars_per_line: int, **sampling) -> str:
+    check_pair(model, tokenizer)
     lines = len(schedule) // (chars_per_line + 1)
     room = max_lines(model.config.block_size, chars_per_line)
     if lines > room:
@@ -66,8 +69,8 @@ def acrostic_schedule(tokenizer, heads: str, chars_per_line: int = 7) -> list[to
     """Head forced, then ``chars_per_line - 1`` non-punctuation tokens, then ， and 。 alternately."""
     if not isinstance(heads, str) or not heads:
         raise ValueError(f"heads must be a non-empty string of Chinese characters, e.g. '春眠不觉', got {heads!r}")
-    if chars_per_line not in (5, 7):
-        raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+    check_text(heads, "heads")
+    check_choice("chars_per_line", chars_per_line, (5, 7))
     if tokenizer.kind != "char":
         raise ValueError(f"acrostics need the character model (tang-char): one token per character; "
                          f"got a {tokenizer.kind!r} tokenizer")
@@ -99,8 +102,7 @@ def quatrain_schedule(tokenizer, chars_per_line: int = 7, lines: int = 4) -> lis
 
     The model chooses ， or 。 at line ends (the last one must be 。) and any ideograph elsewhere.
     """
-    if chars_per_line not in (5, 7):
-        raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+    check_choice("chars_per_line", chars_per_line, (5, 7))
     lines = check_int("lines", lines, 1)
     if tokenizer.kind != "char":
         raise ValueError(f"quatrains need the character model (tang-char): one token per character; "
@@ -126,6 +128,7 @@ def quatrain(model, tokenizer, chars_per_line: int = 7, *, temperature: float = 
 
 def poem_lines(poem: str) -> list[tuple[str, str]]:
     """Split a poem into (line, closing mark) pairs at ， and 。."""
+    check_text(poem, "poem")
     lines, current = [], ""
     for ch in poem:
         if ch in LINE_ENDS:
@@ -140,6 +143,8 @@ def poem_lines(poem: str) -> list[tuple[str, str]]:
 
 def acrostic_report(poem: str, heads: str, chars_per_line: int) -> list[str]:
     """One line of text per poem line: its head, its length and its mark, each checked."""
+    check_text(heads, "heads")
+    check_int("chars_per_line", chars_per_line, 1)
     out = []
     lines = poem_lines(poem)
     for i, (line, mark) in enumerate(lines):
@@ -154,6 +159,8 @@ def acrostic_report(poem: str, heads: str, chars_per_line: int) -> list[str]:
 
 def is_acrostic(poem: str, heads: str, chars_per_line: int) -> bool:
     """Every line starts with its head, has ``chars_per_line`` characters and ends with ，/。 in turn."""
+    check_text(heads, "heads")
+    check_int("chars_per_line", chars_per_line, 1)
     lines = poem_lines(poem)
     return len(lines) == len(heads) and all(
         line[:1] == head and len(line) == chars_per_line and mark == LINE_ENDS[i % 2]

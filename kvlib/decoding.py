@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
-                     check_int, check_logits, check_prompt, check_sampling)
+                     check_int, check_logits, check_prompt, check_sampling, check_token_lists)
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import draw
@@ -35,11 +35,7 @@ class GenerationResult:
 
 def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists into idx (B, T) int64 and key_mask (B, T) bool (True = real token)."""
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError("prompts must be a non-empty list of token-id lists")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: every row needs at least one token")
+    prompts = check_token_lists(prompts, pad_id)
     T = max(len(p) for p in prompts)
     idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), T, dtype=torch.bool)

@@ -31,6 +31,9 @@ def gpt2_params(n_layer: int, n_embd: int, vocab_size: int = 50257, block_size: 
     Per block: fused qkv (3C x C + 3C), projection (C x C + C), MLP (4C x C + 4C, C x 4C + C), two
     LayerNorms (2 x 2C): 12 C^2 + 13 C. Plus token and position embeddings and the final LayerNorm.
     """
+    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("vocab_size", vocab_size),
+                        ("block_size", block_size)):
+        check_int(name, value, 1)
     block = 12 * n_embd**2 + 13 * n_embd
     return vocab_size * n_embd + block_size * n_embd + n_layer * block + 2 * n_embd
 
@@ -39,6 +42,11 @@ def llama_params(n_layer: int, d_model: int, n_head: int, n_kv_head: int, ffn: i
                  head_dim: int | None = None, tied: bool = False, qkv_bias: bool = False) -> int:
     """Parameters of a Llama-layout decoder: RMSNorm (weight only), gated MLP, no biases except
     optional ones on q, k, v (Qwen2), rotary positions (no position table), untied or tied head."""
+    for name, value in (("n_layer", n_layer), ("d_model", d_model), ("n_head", n_head), ("n_kv_head", n_kv_head),
+                        ("ffn", ffn), ("vocab_size", vocab_size)):
+        check_int(name, value, 1)
+    if head_dim is not None:
+        check_int("head_dim", head_dim, 1)
     head_dim = head_dim or d_model // n_head
     q, kv = n_head * head_dim, n_kv_head * head_dim
     attn = d_model * q + 2 * d_model * kv + q * d_model + (q + 2 * kv if qkv_bias else 0)
@@ -61,6 +69,15 @@ class ModelShape:
     head_dim: int
     n_params: int
     context: int     # the context length it was trained for
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"ModelShape.name must be a non-empty str, got {self.name!r}")
+        for field_name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_params", "context"):
+            check_int(f"ModelShape.{field_name}", getattr(self, field_name), 1)
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"ModelShape.n_head ({self.n_head}) must be a multiple of n_kv_head "
+                             f"({self.n_kv_head}): each key/value head serves a whole group of query heads")
 
     @property
     def attention(self) -> str:
@@ -86,12 +103,13 @@ class ModelShape:
 
 
 def dtype_bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     return DTYPE_BYTES[dtype]
 
 
 def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
+    check_int("n_head", n_head, 1)
     return ModelShape(name, n_layer, n_head, n_head, n_embd // n_head, gpt2_params(n_layer, n_embd), 1024)
 
 
@@ -119,6 +137,9 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in [
 
 def table_rows(shapes=None, dtype: str = "bfloat16", tokens: int | None = None) -> list[dict]:
     """One dict per model: the cache per token and per full sequence, weights, and the crossover batch."""
+    dtype_bytes(dtype)
+    if tokens is not None:
+        check_int("tokens", tokens, 1)
     rows = []
     for s in (shapes or SHAPES.values()):
         n = s.context if tokens is None else tokens
@@ -154,6 +175,8 @@ def _size(n_bytes: float) -> str:
 
 def describe(shape: ModelShape, batch: int = 1, tokens: int | None = None, dtype: str = "bfloat16") -> str:
     """One paragraph: the cache for ``batch`` sequences of ``tokens``, against the weights."""
+    if not isinstance(shape, ModelShape):
+        raise TypeError(f"shape must be a ModelShape (e.g. SHAPES['GPT-2 small']), got {type(shape).__name__}")
     tokens = shape.context if tokens is None else tokens
     cache, weights = shape.kv_cache_bytes(tokens, batch, dtype), shape.weight_bytes(dtype)
     per_token = shape.kv_bytes_per_token(dtype)
@@ -166,4 +189,6 @@ def describe(shape: ModelShape, batch: int = 1, tokens: int | None = None, dtype
 
 def cat_bytes_copied(bytes_per_token: int, tokens: int) -> int:
     """Bytes a growing cache copies when ``tokens`` positions arrive one at a time: 1 + 2 + ... + n."""
+    check_int("bytes_per_token", bytes_per_token, 1)
+    check_int("tokens", tokens, 0)
     return bytes_per_token * tokens * (tokens + 1) // 2

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_forward_inputs, check_int
+from .checks import check_config, check_forward_inputs, check_int
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
                  device=None, dtype=None):
+        check_config(config, GPTConfig)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r}")
         batch_size = check_int("batch_size", batch_size, 1)
         max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
                             f"an int in [1, block_size={config.block_size}]")
@@ -95,6 +98,8 @@ class GrowingKVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int = 1, max_len: int | None = None):
+        check_config(config, GPTConfig)
+        check_int("batch_size", batch_size, 1)
         self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
                                  config.block_size)
         self.n_layer = config.n_layer

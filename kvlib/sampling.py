@@ -28,6 +28,10 @@ def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         keep = torch.zeros_like(logits, dtype=torch.bool)
         keep.scatter_(-1, logits.argmax(dim=-1, keepdim=True), True)       # (B, V)
         return shifted.masked_fill(~keep, float("-inf"))
+    if not 1e-30 <= temperature <= 1e30:
+        # Far outside float32's range (1e39 is inf there, 1e-300 is 0): divide in float64, so that
+        # the limits come out right (one-hot, uniform) and a banned -inf stays -inf, never NaN.
+        shifted = shifted.double()
     return shifted / temperature                                           # (B, V)
 
 
@@ -81,6 +85,9 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     Each row is shifted so its maximum is 0 before dividing (softmax is unchanged by the shift).
     ``temperature`` must be a finite number >= 0. Below 1 the distribution sharpens, above 1 it
     flattens. At 0 the limit is returned: 0 for each row's first argmax, -inf everywhere else.
+    Every finite value is safe: outside [1e-30, 1e30] the division is done in float64 (float64
+    scores are returned), so 1e-300 gives the argmax's one-hot and 1e300 the uniform distribution
+    over the tokens that are not banned (-inf stays -inf).
     """
     check_logits(logits)
     return _temperature(logits, check_temperature(temperature))

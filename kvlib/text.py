@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from .checks import ContextLimitError
+from .checks import ContextLimitError, check_int, check_pair, check_seed, check_text
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
 from .tokenizer import is_ideograph
@@ -17,6 +17,7 @@ from .tokenizer import is_ideograph
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """The separator, then ``text`` (an error names any character outside the vocabulary)."""
+    check_text(text)
     return [tokenizer.eos_id, *tokenizer.encode(text)]
 
 
@@ -27,6 +28,7 @@ def next_token_probs(model, tokenizer, text: str, temperature: float = 1.0, open
     ``opening=True`` reads ``text`` as the start of a poem (after the separator); ``False`` reads
     it as a piece from anywhere in a poem, like the corpus counts of what follows it.
     """
+    check_pair(model, tokenizer)
     ids = encode_prompt(tokenizer, text) if opening else tokenizer.encode(text)
     if not ids:
         raise ValueError("text must hold at least one character when opening=False")
@@ -46,6 +48,7 @@ def top_next(model, tokenizer, text: str, k: int = 8, opening: bool = True) -> l
 
 def rank_of(model, tokenizer, text: str, char: str, opening: bool = True) -> tuple[int, float]:
     """(1-based rank, probability) of ``char`` as the next character after ``text``."""
+    check_text(char, "char")
     ids = tokenizer.encode(char)
     if len(ids) != 1:
         raise ValueError(f"char must be exactly one token (one character for tang-char), got {char!r} "
@@ -76,10 +79,15 @@ def write(model, tokenizer, prompts: str | list[str] = "", max_new_tokens: int |
 def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = None, *, temperature=0.8,
               top_k=None, top_p=None, seed=1337, generator=None, **kwargs) -> GenerationResult:
     """``generate`` on a left-padded batch of text prompts, stopping at the separator."""
+    check_pair(model, tokenizer)
     if generator is None and seed is not None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(check_seed(seed))
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise TypeError(f"texts must be a list of str, got {texts!r:.60}")
     if not texts:
         raise ValueError("texts must hold at least one prompt, got an empty list")
+    for i, t in enumerate(texts):
+        check_text(t, f"texts[{i}]")
     idx, mask = pad_prompts([encode_prompt(tokenizer, t) for t in texts], tokenizer.eos_id)
     block = model.config.block_size
     if idx.shape[1] > block:
@@ -96,6 +104,7 @@ def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = N
 
 def completion(tokenizer, result: GenerationResult, b: int = 0) -> str:
     """The new text of row ``b``, without the closing separator."""
+    check_int("b", b, 0, result.new_tokens.shape[0] - 1)
     ids = result.new_tokens[b].tolist()
     if tokenizer.eos_id in ids:
         ids = ids[: ids.index(tokenizer.eos_id)]
@@ -104,17 +113,24 @@ def completion(tokenizer, result: GenerationResult, b: int = 0) -> str:
 
 def line_lengths(poem: str) -> list[int]:
     """Characters per line, lines being the runs of ideographs between punctuation marks."""
+    check_text(poem, "poem")
     return [len(run) for run in re.split(r"[^\w]|[\d_A-Za-z]", poem) if run and all(map(is_ideograph, run))]
 
 
 def format_score(poems: list[str]) -> float:
     """Share of lines with 5 or 7 characters, over all lines of ``poems``."""
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+        raise TypeError(f"poems must be a list of str, got {poems!r:.60}")
     lengths = [n for p in poems for n in line_lengths(p)]
     return sum(n in (5, 7) for n in lengths) / max(1, len(lengths))
 
 
 def count_followers(poems: list[str], prefix: str) -> dict[str, int]:
     """How often each character follows ``prefix`` in ``poems`` (a poem's end counts as a newline)."""
+    if not check_text(prefix, "prefix"):
+        raise ValueError("prefix must hold at least one character, got ''")
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+        raise TypeError(f"poems must be a list of str, got {poems!r:.60}")
     counts: dict[str, int] = {}
     for poem in poems:
         start = poem.find(prefix)

@@ -11,6 +11,8 @@ import unicodedata
 from collections import Counter
 from functools import cached_property
 
+from .checks import check_char_table, check_int, check_merges, check_text, check_token_ids
+
 SEPARATOR = "\n"
 
 
@@ -31,9 +33,7 @@ def is_ideograph(ch: str) -> bool:
 
 
 def _check_text(text) -> str:
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return text
+    return check_text(text)
 
 
 class CharTokenizer:
@@ -43,10 +43,7 @@ class CharTokenizer:
     UNK = "<unk>"
 
     def __init__(self, itos: list[str]):
-        if itos[:2] != [SEPARATOR, self.UNK]:
-            raise ValueError(f"a char vocabulary starts with the separator and <unk> ['\\n', '<unk>'], "
-                             f"got {list(itos[:2])!r}")
-        self.itos = list(itos)
+        self.itos = check_char_table(itos, SEPARATOR, self.UNK)
         self.stoi = {s: i for i, s in enumerate(self.itos)}
         self.eos_id, self.unk_id = 0, 1
 
@@ -80,10 +77,10 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids) -> str:
-        return "".join(self.itos[i] for i in _as_list(ids))
+        return "".join(self.itos[i] for i in check_token_ids(ids, self.vocab_size))
 
     def token_bytes(self, i: int) -> bytes:
-        return self.itos[i].encode("utf-8")
+        return self.itos[check_int("token id", i, 0, self.vocab_size - 1)].encode("utf-8")
 
     @cached_property
     def punctuation_ids(self) -> list[int]:
@@ -94,6 +91,8 @@ class CharTokenizer:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CharTokenizer":
+        if "itos" not in d:
+            raise ValueError("a char tokenizer needs its table 'itos' (the list of characters), which is missing")
         return cls(d["itos"])
 
 
@@ -109,7 +108,7 @@ class ByteBPETokenizer:
     EOT = "<|endoftext|>"
 
     def __init__(self, merges: list[tuple[int, int]]):
-        self.merges = [tuple(m) for m in merges]
+        self.merges = check_merges(merges)
         self.ranks = {pair: 256 + r for r, pair in enumerate(self.merges)}
         self.vocab = [bytes([b]) for b in range(256)]
         for a, b in self.merges:
@@ -177,10 +176,13 @@ class ByteBPETokenizer:
         return ids
 
     def token_bytes(self, i: int) -> bytes:
+        i = check_int("token id", i, 0, self.eos_id)
         return SEPARATOR.encode() if i == self.eos_id else self.vocab[i]
 
     def decode(self, ids, errors: str = "replace") -> str:
-        return b"".join(self.token_bytes(i) for i in _as_list(ids)).decode("utf-8", errors=errors)
+        ids = check_token_ids(ids, self.vocab_size)
+        return b"".join(SEPARATOR.encode() if i == self.eos_id else self.vocab[i] for i in ids).decode(
+            "utf-8", errors=errors)
 
     def unknown(self, text: str) -> list[str]:
         _check_text(text)
@@ -204,7 +206,9 @@ class ByteBPETokenizer:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ByteBPETokenizer":
-        return cls([tuple(m) for m in d["merges"]])
+        if "merges" not in d:
+            raise ValueError("a bpe tokenizer needs its 'merges' (the list of merged id pairs), which are missing")
+        return cls(d["merges"])
 
 
 def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
@@ -217,10 +221,6 @@ def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
             out.append(ids[i])
             i += 1
     return out
-
-
-def _as_list(ids) -> list[int]:
-    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
 
 class TextStream:
@@ -236,7 +236,9 @@ class TextStream:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        return self._utf8.decode(self.tokenizer.token_bytes(int(token_id)))
+        if hasattr(token_id, "item"):                      # a 0-d tensor or a numpy integer
+            token_id = token_id.item()
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id))
 
     def close(self) -> str:
         return self._utf8.decode(b"", final=True)
@@ -245,7 +247,7 @@ class TextStream:
 def stream_decode(tokenizer, ids):
     """Yield text as tokens arrive; concatenated, the pieces equal ``tokenizer.decode(ids)``."""
     stream = TextStream(tokenizer)
-    for i in _as_list(ids):
+    for i in check_token_ids(ids, tokenizer.vocab_size):
         yield stream.push(i)
     tail = stream.close()
     if tail:
@@ -257,7 +259,9 @@ TOKENIZERS = {"char": CharTokenizer, "bpe": ByteBPETokenizer}
 
 def tokenizer_from_dict(d: dict) -> CharTokenizer | ByteBPETokenizer:
     """A tokenizer from what its ``to_dict`` wrote."""
-    if not isinstance(d, dict) or d.get("kind") not in TOKENIZERS:
-        kind = d.get("kind") if isinstance(d, dict) else type(d).__name__
-        raise ValueError(f"unknown tokenizer kind {kind!r}; expected one of {sorted(TOKENIZERS)}")
+    if not isinstance(d, dict):
+        raise ValueError(f"a tokenizer is a JSON object with a 'kind' ({' or '.join(sorted(TOKENIZERS))}) and "
+                         f"its table, got a {type(d).__name__}")
+    if d.get("kind") not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer kind {d.get('kind')!r}; expected one of {sorted(TOKENIZERS)}")
     return TOKENIZERS[d["kind"]].from_dict(d)

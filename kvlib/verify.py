@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checks import check_batch_inputs, check_verify_inputs
 from .decoding import generate, generate_uncached, pad_prompts
 from .model import GPT
 
@@ -45,12 +46,8 @@ def verify_cache(model: GPT, idx: torch.Tensor, steps: int, *, decoder=None, ato
     One uncached forward over the final sequence gives every step's recomputed logits at once,
     since the causal mask makes position t depend on tokens up to t only.
     """
-    if idx.dim() != 2 or idx.shape[0] != 1:
-        raise ValueError(f"verify_cache takes one prompt of shape (1, P), got {tuple(idx.shape)}")
+    check_verify_inputs(model, idx, steps)
     P = idx.shape[1]
-    if not 1 <= steps <= model.config.block_size - P + 1:
-        raise ValueError(f"steps must be in [1, {model.config.block_size - P + 1}] for a {P}-token prompt "
-                         f"and block size {model.config.block_size}, got {steps}")
     cached = []
     result = generate(model, idx, steps, temperature=0.0, logits_hook=_record_logits(cached), decoder=decoder)
     cached = torch.cat(cached)  # (steps, V)
@@ -105,6 +102,7 @@ def check_batch_consistency(model: GPT, prompts: list[list[int]], steps: int, *,
     within ``atol``; a differing token is excused only where the single prompt's margin (top-1 minus
     top-2 logit) at that step is below ``atol``, as in ``verify_cache``: a near-tie rounding can flip.
     """
+    check_batch_inputs(model, prompts, steps)
     idx, mask = pad_prompts(prompts)
     block = model.config.block_size
 

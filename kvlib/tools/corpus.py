@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from .integrity import DATA_DIR, IntegrityError, atomic_write, record, verified_path, write_json
+from .integrity import DATA_DIR, DamagedFileError, IntegrityError, atomic_write, record, verified_path, write_json
 
 PACKAGE = "chinese-poetry"
 VERSION = "2.0.1"
@@ -100,16 +100,34 @@ def prepare(data_dir: Path = DATA_DIR, tarball: Path | None = None) -> dict:
 
 
 def corpus_info(data_dir: Path = DATA_DIR) -> dict:
-    return json.loads(verified_path(INFO_FILE, data_dir).read_text(encoding="utf-8"))
+    path = verified_path(INFO_FILE, data_dir)
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise DamagedFileError(f"{path} is not valid JSON in UTF-8 ({type(e).__name__}); rerun prepare-data "
+                               f"or restore it with git") from None
+    sha = info.get("text_sha256") if isinstance(info, dict) else None
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise DamagedFileError(f"{path} must be a JSON object whose text_sha256 is 64 hex digits, got "
+                               f"{sha!r:.70}; rerun prepare-data or restore it with git")
+    return info
 
 
 def load_text(data_dir: Path = DATA_DIR) -> str:
     """The whole corpus, one poem per line, after checking its sha256."""
-    raw = lzma.decompress(verified_path(CORPUS_FILE, data_dir).read_bytes())
+    path = verified_path(CORPUS_FILE, data_dir)
+    try:
+        raw = lzma.decompress(path.read_bytes())
+    except (lzma.LZMAError, EOFError) as e:
+        raise DamagedFileError(f"{path} is not a complete .xz file ({e}): truncated or damaged; rerun "
+                               f"prepare-data or restore it with git") from None
     expected = corpus_info(data_dir)["text_sha256"]
     if hashlib.sha256(raw).hexdigest() != expected:
         raise IntegrityError(f"the text inside {CORPUS_FILE} does not match {INFO_FILE}")
-    return raw.decode("utf-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DamagedFileError(f"{path} does not hold UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def load_poems(data_dir: Path = DATA_DIR) -> list[str]:
@@ -118,6 +136,8 @@ def load_poems(data_dir: Path = DATA_DIR) -> list[str]:
 
 def split(poems: list[str]) -> tuple[list[str], list[str]]:
     """(train, validation): every 20th poem by index is held out."""
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+        raise TypeError(f"poems must be a list (of poems, or of their indices), got {poems!r:.60}")
     train = [p for i, p in enumerate(poems) if i % VAL_EVERY != VAL_EVERY - 1]
     val = [p for i, p in enumerate(poems) if i % VAL_EVERY == VAL_EVERY - 1]
     return train, val

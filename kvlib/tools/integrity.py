@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +24,59 @@ class IntegrityError(RuntimeError):
     """A data file is missing or differs from the sha256 recorded for it."""
 
 
+class DamagedFileError(IntegrityError, ValueError):
+    """A data file that can be read (its sha256 may even match) but whose content is not what it should be."""
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` exists and is a regular file (after symlinks): never a FIFO, a device or a folder.
+
+    Only ``stat`` is called, so a FIFO or ``/dev/zero`` is refused without being opened (opening a
+    FIFO blocks; reading a device never ends).
+    """
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise IntegrityError(f"{path} is missing (restore it with git, or rerun the command that makes it)") from None
+    except OSError as e:
+        raise IntegrityError(f"{path} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise DamagedFileError(f"{path} is {kind}; a {what} must be a regular file")
+    return path
+
+
+TMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.[^.]+\.tmp$")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, names=None, older_than: float = 0.0) -> list[Path]:
+    """Delete what a killed :func:`atomic_write` left in ``folder`` (``.<name>.<random>.tmp``).
+
+    ``names`` limits it to temporaries of those file names (other writers may share the folder);
+    ``older_than`` (seconds) spares files still being written by a live process.
+    """
+    folder, removed = Path(folder), []
+    if not folder.is_dir():
+        return removed
+    now = time.time()
+    for p in folder.iterdir():
+        m = TMP_PATTERN.match(p.name)
+        if not m or (names is not None and m.group("name") not in names):
+            continue
+        try:
+            if p.is_file() and not p.is_symlink() and now - p.stat().st_mtime >= older_than:
+                p.unlink()
+                removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def sha256_file(path: str | os.PathLike) -> str:
+    check_regular_file(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -61,14 +116,29 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 def read_manifest(data_dir: Path = DATA_DIR) -> dict[str, dict]:
     path = Path(data_dir) / MANIFEST_NAME
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
+    check_regular_file(path, "manifest")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise IntegrityError(f"{path} is not valid JSON ({e}); restore it with git") from None
-    if not isinstance(manifest, dict) or not all(isinstance(v, dict) and "sha256" in v for v in manifest.values()):
-        raise IntegrityError(f"{path} must map file names to {{'sha256': ..., 'bytes': ...}}; restore it with git")
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise DamagedFileError(f"{path} is not valid JSON ({reason}); restore it with git") from None
+    if not isinstance(manifest, dict):
+        raise DamagedFileError(f"{path} must map file names to {{'sha256': ..., 'bytes': ...}}, got a "
+                               f"{type(manifest).__name__}; restore it with git")
+    for name, entry in manifest.items():
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            raise DamagedFileError(f"{path}: the entry for {name!r} must be {{'sha256': ..., 'bytes': ...}}, "
+                                   f"got {entry!r:.60}; restore it with git")
+        sha = entry["sha256"]
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise DamagedFileError(f"{path}: the sha256 of {name!r} must be 64 hex digits, got {sha!r:.70}; "
+                                   f"restore it with git")
+        size = entry.get("bytes", 0)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise DamagedFileError(f"{path}: the size ('bytes') of {name!r} must be an int >= 0, got {size!r:.40}; "
+                                   f"restore it with git")
     return manifest
 
 
@@ -90,8 +160,9 @@ def verified_path(name: str, data_dir: Path = DATA_DIR) -> Path:
     entry = read_manifest(data_dir).get(name)
     if entry is None:
         raise IntegrityError(f"{name} is not listed in {data_dir / MANIFEST_NAME}")
-    if not path.exists():
+    if not os.path.lexists(path) or (path.is_symlink() and not path.exists()):
         raise IntegrityError(f"{path} is missing (the manifest expects it; restore it with git)")
+    check_regular_file(path, "data file")
     actual = sha256_file(path)
     if actual != entry["sha256"]:
         raise IntegrityError(

@@ -8,23 +8,30 @@ import torch
 
 from ..model import GPT, GPTConfig
 from ..tokenizer import tokenizer_from_dict
-from .integrity import DATA_DIR, IntegrityError, verified_path, write_json
+from .integrity import DATA_DIR, DamagedFileError, IntegrityError, check_regular_file, verified_path, write_json
 
 MODELS = ("tang-char", "tang-bpe")
 
 
 def save_tokenizer(tokenizer, path) -> None:
     """Write a tokenizer's table (``to_dict``) as JSON, atomically."""
+    if not hasattr(tokenizer, "to_dict"):
+        raise TypeError(f"tokenizer must be a kvlib tokenizer (with to_dict), got {type(tokenizer).__name__}")
     write_json(path, tokenizer.to_dict())
 
 
 def load_tokenizer(path):
-    """A tokenizer written by :func:`save_tokenizer`."""
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    """A tokenizer written by :func:`save_tokenizer`; a damaged file raises :class:`DamagedFileError`."""
+    path = check_regular_file(path, "tokenizer file")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0]
+        raise DamagedFileError(f"{path} is not a tokenizer file: not valid JSON in UTF-8 ({reason})") from None
     try:
         return tokenizer_from_dict(d)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise DamagedFileError(f"{path} is not a valid tokenizer file: {e}") from None
 
 
 def load_pretrained(name: str = "tang-char", data_dir=DATA_DIR):
@@ -38,15 +45,56 @@ def load_pretrained(name: str = "tang-char", data_dir=DATA_DIR):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise IntegrityError(f"{path} cannot be loaded as a weights-only checkpoint (truncated, corrupt or "
                              f"holding code): {first}") from e
-    if not isinstance(ckpt, dict) or not {"config", "model", "tokenizer"} <= ckpt.keys():
-        raise IntegrityError(f"{path} is not a kvlib checkpoint: expected a dict with config, model and tokenizer")
-    with torch.random.fork_rng(devices=[]):  # building the model draws initial weights: keep the global RNG
-        model = GPT(GPTConfig(**ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    model.eval()
-    tokenizer = load_tokenizer(verified_path(ckpt["tokenizer"], data_dir))
+    model = model_from_checkpoint(ckpt, path)
+    tok_name = ckpt["tokenizer"]
+    tokenizer = load_tokenizer(verified_path(tok_name, data_dir))
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"{ckpt['tokenizer']} has {tokenizer.vocab_size} ids but {name} expects "
-                         f"{model.config.vocab_size}")
-    model.metrics = ckpt.get("metrics", {})
+        raise DamagedFileError(f"{tok_name} ({tokenizer.kind}, {tokenizer.vocab_size} ids) does not belong to "
+                               f"{name} ({model.config.vocab_size} ids): the checkpoint names the wrong tokenizer "
+                               f"file, or one of the two was replaced")
     return model, tokenizer
+
+
+def model_from_checkpoint(ckpt, path) -> GPT:
+    """The model (eval mode) of a loaded checkpoint dict, after checking its structure and weights."""
+    fields = {"config", "model", "tokenizer"}
+    if not isinstance(ckpt, dict) or not fields <= ckpt.keys():
+        have = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise DamagedFileError(f"{path} is not a kvlib checkpoint: expected a dict with config, model and "
+                               f"tokenizer, got {have}")
+    config, weights, tok_name = ckpt["config"], ckpt["model"], ckpt["tokenizer"]
+    if not isinstance(tok_name, str) or not tok_name.endswith(".tokenizer.json") or "/" in tok_name or "\\" in tok_name:
+        raise DamagedFileError(f"{path}: 'tokenizer' must name a file <name>.tokenizer.json in the data folder, "
+                               f"got {tok_name!r:.60}")
+    known = set(GPTConfig.__dataclass_fields__)
+    if not isinstance(config, dict) or not config.keys() <= known or "vocab_size" not in config:
+        got = sorted(map(str, config)) if isinstance(config, dict) else type(config).__name__
+        raise DamagedFileError(f"{path}: 'config' must be a dict with vocab_size and any of {sorted(known)}, got {got}")
+    try:
+        cfg = GPTConfig(**config)
+    except (TypeError, ValueError) as e:
+        raise DamagedFileError(f"{path}: its config is not valid: {e}") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise DamagedFileError(f"{path}: 'model' must be a state dict (parameter name -> tensor)")
+    with torch.random.fork_rng(devices=[]):  # building the model draws initial weights: keep the global RNG
+        model = GPT(cfg)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}"] if missing else []) + (
+            [f"unexpected {', '.join(map(str, unexpected[:3]))}{' …' if len(unexpected) > 3 else ''}"] if unexpected else [])
+        raise DamagedFileError(f"{path}: the weights do not fit its config {config}: {'; '.join(parts)}")
+    for k, t in expected.items():
+        w = weights[k]
+        if tuple(w.shape) != tuple(t.shape) or w.dtype != t.dtype:
+            raise DamagedFileError(f"{path}: weight {k} is {w.dtype} {tuple(w.shape)}, but the config needs "
+                                   f"{t.dtype} {tuple(t.shape)}")
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise DamagedFileError(f"{path}: weight {k} holds {int((~torch.isfinite(w)).sum())} non-finite "
+                                   f"value(s) (NaN or inf); retrain or restore the file with git")
+    model.load_state_dict(weights)
+    model.eval()
+    metrics = ckpt.get("metrics", {})
+    model.metrics = metrics if isinstance(metrics, dict) else {}
+    return model

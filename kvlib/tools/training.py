@@ -10,15 +10,16 @@ import io
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
+from ..checks import check_seed
 from ..model import GPT, GPTConfig
 from ..tokenizer import ByteBPETokenizer, CharTokenizer
 from . import corpus
-from .integrity import DATA_DIR, record, write_bytes, write_json
+from .integrity import DATA_DIR, MANIFEST_NAME, record, remove_stale_temporaries, write_bytes, write_json
 from .loading import load_tokenizer, save_tokenizer
 
 ROOT = DATA_DIR.parent
@@ -57,8 +58,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        try:
+            check_seed(self.seed)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        for name in ("out_dir", "work_dir"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a str (a folder), got {getattr(self, name)!r}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -110,53 +116,146 @@ def _save_state(path: Path, state: dict) -> None:
     write_bytes(path, buf.getvalue())
 
 
-def train(cfg: TrainConfig, resume: bool = False, poems: list[str] | None = None, progress: bool = True) -> dict:
+# Settings that may differ between a run and its resumption: where files go, and the thread count.
+RESUMABLE_CHANGES = ("out_dir", "work_dir", "threads")
+
+
+class UnfinishedRunError(FileExistsError):
+    """A fresh run would overwrite the resumable state of an unfinished one."""
+
+
+def read_state(state_path: Path) -> dict:
+    """A saved training state (weights only), or RuntimeError saying why it cannot be read."""
+    try:
+        state = torch.load(state_path, weights_only=True)  # tensors, numbers and strings only
+        if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+            raise ValueError("not a training state (a dict with config, model, optimizer, step, ...)")
+        TrainConfig(**state["config"])
+        for key, kind in (("step", int), ("history", list), ("elapsed", float), ("model", dict),
+                          ("optimizer", dict), ("batch_rng", torch.Tensor), ("torch_rng", torch.Tensor)):
+            if not isinstance(state.get(key), kind):
+                raise ValueError(f"its {key!r} is missing or not a {kind.__name__}")
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RuntimeError(f"{state_path} cannot be read ({e.__class__.__name__}: {first}); delete it to "
+                           "start again (or use --restart)") from e
+    return state
+
+
+def saved_config(work_dir) -> TrainConfig | None:
+    """The configuration of the run saved in ``work_dir``, or None if there is none."""
+    path = Path(work_dir) / "state.pt"
+    return TrainConfig(**read_state(path)["config"]) if path.is_file() else None
+
+
+def config_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """``name: saved -> given`` for every setting that a resumed run must keep but ``cfg`` changes."""
+    return [f"{f.name}: {getattr(saved, f.name)!r} -> {getattr(cfg, f.name)!r}" for f in fields(TrainConfig)
+            if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(cfg, f.name)]
+
+
+def check_poems(poems) -> list[str]:
+    """A corpus to train on: a list of non-empty str."""
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+        raise TypeError(f"poems must be a list of str (one poem each), got {poems!r:.60}")
+    for i, p in enumerate(poems):
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"poems[{i}] must be a non-empty str, got {p!r:.60}")
+    return list(poems)
+
+
+def train(cfg: TrainConfig, resume: bool = False, poems: list[str] | None = None, progress: bool = True,
+          restart: bool = False) -> dict:
     """Train (or resume) and export the model; returns the final metrics.
+
+    A fresh run refuses to replace the state of an unfinished one in ``cfg.work_dir``: pass
+    ``resume=True`` to continue it, or ``restart=True`` to start over and discard it. Resuming
+    refuses settings other than the saved ones (except ``RESUMABLE_CHANGES``) and lists the
+    differences. A non-finite loss or gradient stops the run (FloatingPointError) before anything
+    non-finite is saved or exported. Temporaries left by a killed write are removed at every start.
 
     Training seeds and draws from torch's global RNG and sets the thread count; both are restored
     afterwards, so a caller's own random state is left as it was.
     """
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    for name, flag in (("resume", resume), ("restart", restart), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if resume and restart:
+        raise ValueError("resume and restart exclude each other: continue the saved run, or start over")
+    if poems is not None:
+        poems = check_poems(poems)
     threads = torch.get_num_threads()
     try:
         with torch.random.fork_rng(devices=[]):
-            return _train(cfg, resume, poems, progress)
+            return _train(cfg, resume, poems, progress, restart)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bool) -> dict:
+def _not_finite(what: str, value, step: int, lr: float, saved: int) -> FloatingPointError:
+    return FloatingPointError(
+        f"training stopped: the {what} is {value} at step {step} (lr {lr:g}): the run diverged; nothing "
+        f"was exported and the state saved at step {saved} is kept; lower the learning rate (--lr) and "
+        f"start over (--restart)")
+
+
+def _finite_weights(model: GPT) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bool, restart: bool = False) -> dict:
     from tqdm.auto import tqdm
 
     torch.set_num_threads(cfg.threads)
     out_dir, work_dir = Path(cfg.out_dir), Path(cfg.work_dir)
     state_path = work_dir / "state.pt"
     tok_path = work_dir / "tokenizer.json"
-    poems = corpus.load_poems() if poems is None else poems
-    train_poems, val_poems = corpus.split(poems)
+    # Half-written files of a run that was killed mid-write: the work folder is the run's own; in the
+    # output folder only this model's files (others may write there), the manifest's once it is stale.
+    remove_stale_temporaries(work_dir)
+    outputs = [f"{cfg.model}{ext}" for ext in (".pt", ".tokenizer.json", ".log.json", ".loss.png")]
+    remove_stale_temporaries(out_dir, outputs)
+    remove_stale_temporaries(out_dir, [MANIFEST_NAME], older_than=600)
 
     if resume:
         if not state_path.exists():
             raise FileNotFoundError(f"--resume: no training state at {state_path}")
-        for stale in work_dir.glob(".*.tmp"):  # half-written files of a run that was killed mid-write
-            stale.unlink()
-        try:
-            state = torch.load(state_path, weights_only=True)  # tensors, numbers and strings only
-        except Exception as e:
-            raise RuntimeError(f"--resume: {state_path} cannot be read ({e.__class__.__name__}: "
-                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); delete it to "
-                               "start again") from e
+        state = read_state(state_path)
         saved = TrainConfig(**state["config"])
-        if (saved.model, saved.seed, saved.batch_size) != (cfg.model, cfg.seed, cfg.batch_size):
-            raise ValueError(f"--resume: {state_path} was started with another configuration: {state['config']}")
-        cfg = saved
+        differences = config_differences(saved, cfg)
+        if differences:
+            raise ValueError(f"--resume: {state_path} was started with another configuration: "
+                             f"{'; '.join(differences)} (saved -> given); resume with the saved settings, "
+                             f"or start over with --restart")
+        cfg = replace(saved, **{k: getattr(cfg, k) for k in RESUMABLE_CHANGES})
         tok = load_tokenizer(tok_path)
     else:
+        if state_path.exists() and not restart:
+            try:
+                old = read_state(state_path)
+            except RuntimeError as e:
+                raise UnfinishedRunError(f"{e}; a fresh run would replace it: use --restart to start over") from None
+            if old["step"] < old["config"]["steps"]:
+                raise UnfinishedRunError(
+                    f"{state_path} holds an unfinished run (step {old['step']} of {old['config']['steps']}): "
+                    f"continue it with --resume (train(..., resume=True)) or discard it and start over with "
+                    f"--restart (train(..., restart=True))")
+        state = None
+    poems = corpus.load_poems() if poems is None else poems
+    train_poems, val_poems = corpus.split(poems)
+    if state is None:
         tok = build_tokenizer(cfg.model, poems)
         save_tokenizer(tok, tok_path)
-        state = None
 
     train_ids = torch.tensor(tok.encode_corpus(train_poems), dtype=torch.long)
     val_ids = torch.tensor(tok.encode_corpus(val_poems), dtype=torch.long)
+    need = cfg.block_size + 2
+    if len(val_poems) == 0 or len(train_ids) < need or len(val_ids) < need:
+        raise ValueError(f"poems: {len(poems)} poems give {len(train_ids)} training and {len(val_ids)} validation "
+                         f"tokens (every 20th poem is held out); training needs at least block_size + 2 = {need} "
+                         f"of each: give more poems (at least 20) or a smaller block_size")
     val_chars = sum(len(p) + 1 for p in val_poems)  # every poem plus its separator
     chars_per_token = val_chars / len(val_ids)
 
@@ -177,7 +276,12 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
         torch.set_rng_state(state["torch_rng"])
         step, history, elapsed = state["step"], state["history"], state["elapsed"]
 
+    saved_at = [step]  # the step of the last state on disk
+
     def checkpoint():
+        if not _finite_weights(model):
+            raise _not_finite("model's weights", "not finite", step, lr, saved_at[0])
+        saved_at[0] = step
         _save_state(state_path, {
             "config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
             "batch_rng": batches.get_state(), "torch_rng": torch.get_rng_state(),
@@ -201,13 +305,19 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
         chunk = train_ids[starts[:, None] + offsets]  # (B, T + 1)
         _, loss = model(chunk[:, :-1], targets=chunk[:, 1:])
         opt.zero_grad(set_to_none=True)
+        if not math.isfinite(loss.item()):
+            raise _not_finite("training loss", loss.item(), step + 1, lr, saved_at[0])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if not math.isfinite(norm.item()):
+            raise _not_finite("gradient norm", norm.item(), step + 1, lr, saved_at[0])
         opt.step()
         step += 1
         row = {"step": step, "lr": lr, "train_loss": loss.item()}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row["val_loss"] = evaluate()
+            if not math.isfinite(row["val_loss"]):
+                raise _not_finite("validation loss", row["val_loss"], step, lr, saved_at[0])
             row["val_nats_per_char"] = row["val_loss"] / chars_per_token
         elapsed += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -220,6 +330,8 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
     bar.close()
 
     val_loss = mean_loss(model, val_ids, cfg.batch_size)  # the whole validation split
+    if not math.isfinite(val_loss) or not _finite_weights(model):
+        raise _not_finite("final validation loss", val_loss, step, lr_at(step, cfg), saved_at[0])
     metrics = {"steps": step, "train_seconds": round(elapsed, 1), "val_loss_per_token": val_loss,
                "val_nats_per_char": val_loss / chars_per_token, "params": model.num_params()}
     export(model, tok, cfg, history, metrics, out_dir)

@@ -13,15 +13,87 @@ def test_generate_defaults_match_the_spec():
     assert args.model == "tang-char" and not args.no_cache
 
 
-def test_generate_json_reports_verify_and_batch(capsys):
-    main(["generate", "--prompt", "春风", "--verify", "--batch-prompts", "春风|大漠孤烟直|床前明月光，疑是地上",
-          "--json", "--max-new-tokens", "16"])
+def test_generate_json_reports_the_full_verify_report(capsys):
+    main(["generate", "--prompt", "春风", "--verify", "--json", "--max-new-tokens", "16"])
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"prompt", "completion", "stop_reason", "verify", "benchmark", "batch_consistent"}
-    assert report["prompt"] == "春风" and report["benchmark"] is None
+    assert set(report) == {"prompt", "completion", "stop_reason", "note", "verify", "benchmark"}
+    assert report["prompt"] == "春风" and report["benchmark"] is None and report["note"] is None
     assert report["stop_reason"] in ("max_new_tokens", "eos")
-    assert report["verify"]["passed"] and report["verify"]["tokens_equal"]
-    assert report["batch_consistent"] is True
+    v = report["verify"]
+    assert v["passed"] and v["tokens_equal"] and v["first_divergence"] is None and v["divergence_margin"] is None
+    assert v["steps"] == 64 and len(v["margins"]) == len(v["step_diffs"]) == 64 and len(v["chunk_maxima"]) == 4
+    assert v["max_abs_logit_diff"] == max(v["chunk_maxima"]) == max(v["step_diffs"])
+    assert v["min_margin"] == min(v["margins"]) and v["atol"] == 1e-4
+
+
+def test_generate_text_prints_the_verify_report(capsys):
+    main(["generate", "--prompt", "春风", "--verify", "--max-new-tokens", "8"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("春风")
+    assert out[1].startswith("verify: passed: 64 greedy steps")
+    assert out[2].startswith("  max |diff| per 16 steps: ") and len(out[2].split(": ")[1].split()) == 4
+    assert out[3].startswith("  top-1 minus top-2 margin per step: ") and "smallest" in out[3]
+    assert out[4] == "  first divergence: none: the greedy tokens agree at every step"
+
+
+BATCH = "春风|大漠孤烟直|床前明月光，疑是地上"
+
+
+def test_batch_prompts_print_every_completion_and_the_verdict(capsys):
+    main(["generate", "--batch-prompts", BATCH, "--max-new-tokens", "16"])
+    out = capsys.readouterr().out.splitlines()
+    prompts = BATCH.split("|")
+    assert len(out) == 4
+    for line, p in zip(out, prompts):
+        assert line.startswith(p) and len(line) > len(p)
+    assert out[3].startswith("batch consistent: yes: greedy, 16 steps")
+
+
+def test_batch_prompts_json_carries_completions_and_consistency(capsys):
+    main(["generate", "--verify", "--batch-prompts", BATCH, "--json", "--max-new-tokens", "16"])
+    report = json.loads(capsys.readouterr().out)
+    prompts = BATCH.split("|")
+    assert report["prompts"] == prompts and len(report["completions"]) == 3 and all(report["completions"])
+    assert report["batch_consistent"] is True and report["consistency"]["consistent"] is True
+    assert [r["prompt_length"] for r in report["consistency"]["rows"]] == [len(p) + 1 for p in prompts]
+    assert len(report["verify"]) == 3 and all(v["passed"] for v in report["verify"])
+
+
+def test_batch_completions_equal_the_same_rows_written_together(capsys):
+    """What --batch-prompts prints is the library's left-padded batch, seeded like the CLI."""
+    import torch
+
+    from kvlib.text import completion, write_ids
+    from kvlib.tools.loading import load_pretrained
+
+    main(["generate", "--batch-prompts", BATCH, "--json", "--max-new-tokens", "12", "--seed", "5"])
+    report = json.loads(capsys.readouterr().out)
+    model, tok = load_pretrained("tang-char")
+    r = write_ids(model, tok, BATCH.split("|"), 12, temperature=0.8, top_k=40, top_p=0.95,
+                  generator=torch.Generator().manual_seed(5))
+    assert report["completions"] == [completion(tok, r, b) for b in range(3)]
+
+
+def test_the_context_limit_is_said_with_and_without_the_cache(capsys, monkeypatch, shipped_char):
+    import torch
+
+    from kvlib.model import GPT, GPTConfig
+    from kvlib.tools import cli
+
+    _, tok = shipped_char
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # a random model: it never ends a poem early, so the limit is reached
+        model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=128, n_layer=1, n_head=2, n_embd=16)).eval()
+    monkeypatch.setattr(cli, "_load", lambda name: (model, tok))
+    prompt = "床前明月光，疑是地上霜。" * 9 + "床前明月光，疑是地上"  # 118 characters: 119 tokens
+    main(["generate", "--prompt", prompt, "--max-new-tokens", "40", "--temperature", "0"])
+    cached = capsys.readouterr()
+    assert "note: stopped after 10 new token(s) at the context limit" in cached.err
+    assert "119 of the block's 128 positions" in cached.err
+    main(["generate", "--prompt", prompt, "--max-new-tokens", "40", "--temperature", "0", "--no-cache", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["stop_reason"] == "max_new_tokens" and len(report["completion"]) == 40
+    assert "the recompute loop slid" in report["note"] and "only the last 128 tokens" in report["note"]
 
 
 def test_cached_and_uncached_cli_runs_write_the_same_poem(capsys):
@@ -101,3 +173,12 @@ def test_demo_prints_the_six_sections(shipped_char):
     assert "4,096 bytes" in text and "512 KB" in text
     for heads in ("春眠不觉", "学无止境"):
         assert heads in text
+
+
+def test_demo_timing_is_one_timeline_per_run():
+    """Section 6 reads the time to the 32nd and 64th character off the 120-character runs' timelines."""
+    from kvlib.tools.demo import timed
+
+    calls = []
+    result, stamps = timed(lambda on_token: [on_token(i, None) or calls.append(i) for i in range(5)])
+    assert calls == list(range(5)) and len(stamps) == 5 and stamps == sorted(stamps) and stamps[0] >= 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +23,7 @@ from .model import GPT
 from .paged import BLOCK_SIZE, PagedKVCache
 from .sampling import sample_next
 from .text import encode_prompt
+from .tokenizer import is_ideograph
 
 
 @dataclass
@@ -31,6 +32,11 @@ class Request:
     prompt: list[int]       # token ids, the poem separator first
     max_new_tokens: int     # the answer length: the request is done after this many tokens
     arrival: float = 0.0    # seconds after the start of the trace
+
+
+def plain(poem: str) -> bool:
+    """Only characters and the two punctuation marks of a regular poem (no editors' brackets or notes)."""
+    return all(is_ideograph(ch) or ch in "，。" for ch in poem)
 
 
 def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 100.0, seed: int = 0, *,
@@ -48,7 +54,7 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
     rng, t, trace = random.Random(seed), 0.0, []
     while len(trace) < n_requests:
         poem = poems[rng.randrange(len(poems))]
-        if len(poem) < lo + 4 or tokenizer.unknown(poem):
+        if len(poem) < lo + 4 or not plain(poem) or tokenizer.unknown(poem):
             continue
         k = rng.randint(lo, min(hi, len(poem) - 4))
         prompt = encode_prompt(tokenizer, poem[:k])
@@ -58,24 +64,17 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
 
 
 def class_trace(tokenizer, poems: list[str], prefix: str = "床前明月光，疑是地上霜。", n_requests: int = 30,
-                answer_tokens: int = 11, gap: float = 0.01, seed: int = 0) -> list[Request]:
+                answer_tokens: int = 11, gap: float = 0.01) -> list[Request]:
     """A class of ``n_requests`` students continuing one opening couplet, each with a line of their own.
 
-    Student ``i`` arrives ``i * gap`` seconds in and starts the third line with a character that a Tang
-    poet put there (the 13th character of a five-character quatrain of the corpus, all different), so
-    the prompts share ``prefix`` and differ after it.
+    Student ``i`` arrives ``i * gap`` seconds in and starts the third line with one of the characters
+    Tang poets most often put there (the 13th character of the corpus's five-character poems), so the
+    prompts share ``prefix`` and differ after it.
     """
     n_requests = check_int("n_requests", n_requests, 1)
-    rng, starts = random.Random(seed), []
-    order = list(range(len(poems)))
-    rng.shuffle(order)
-    for i in order:
-        poem = poems[i]
-        if len(poem) >= 24 and poem[5] == "，" and poem[11] == "。" and poem[12] not in starts \
-                and not tokenizer.unknown(poem[12]):
-            starts.append(poem[12])
-            if len(starts) == n_requests:
-                break
+    counts = Counter(p[12] for p in poems if len(p) >= 24 and p[5] == "，" and p[11] == "。" and plain(p[12])
+                     and not tokenizer.unknown(p[12]))
+    starts = [ch for ch, _ in counts.most_common(n_requests)]
     return [Request(i, encode_prompt(tokenizer, prefix + c), answer_tokens, round(i * gap, 6))
             for i, c in enumerate(starts)]
 
@@ -373,12 +372,14 @@ def run_one_at_a_time(model: GPT, requests: list[Request]) -> RunResult:
 
 @torch.inference_mode()
 def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
-                    top_k: int | None = 40, seed: int = 0, block_size: int = BLOCK_SIZE) -> dict:
+                    top_k: int | None = 40, seed: int = 0, block_size: int = BLOCK_SIZE,
+                    banned: tuple[int, ...] = ()) -> dict:
     """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
 
     The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). Each
     continuation's first write into the shared, partly filled last block copies that block first
-    (copy-on-write); the full blocks stay shared to the end.
+    (copy-on-write); the full blocks stay shared to the end. ``banned`` token ids are never drawn
+    (the poem separator, say, to keep every continuation inside the poem).
     """
     n = check_int("n", n, 1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size - len(prompt))
@@ -394,6 +395,9 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     logits = logits.expand(n, -1)
     outputs = [[] for _ in range(n)]
     for step in range(max_new_tokens):
+        if banned:
+            logits = logits.clone()
+            logits[:, list(banned)] = float("-inf")
         nxt = sample_next(logits, temperature, top_k, None, gen)[:, 0].tolist()
         for o, t in zip(outputs, nxt):
             o.append(t)

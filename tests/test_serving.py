@@ -91,6 +91,8 @@ def test_parallel_samples_share_the_prompt_blocks(shipped_char):
     assert r["blocks_at_end"] < r["blocks_without_sharing"]
     assert len({tuple(o) for o in r["outputs"]}) > 1
     assert parallel_sample(model, prompt, 4, 8, block_size=4, seed=1)["outputs"] == r["outputs"]
+    kept = parallel_sample(model, prompt, 4, 8, block_size=4, seed=1, banned=(tok.eos_id,))
+    assert all(tok.eos_id not in o for o in kept["outputs"])
 
 
 def test_percentile_interpolates_like_numpy():
@@ -113,7 +115,7 @@ def test_a_class_shares_the_couplet_and_differs_after_it(shipped_char):
     _, tok = shipped_char
     poems = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。", "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
              "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。", "千山鸟飞绝，万径人踪灭。孤舟蓑笠翁，独钓寒江雪。"]
-    reqs = class_trace(tok, poems, n_requests=3, answer_tokens=5, gap=0.5)
+    reqs = class_trace(tok, poems * 2, n_requests=3, answer_tokens=5, gap=0.5)
     prefix = encode_prompt(tok, "床前明月光，疑是地上霜。")
     assert all(r.prompt[:-1] == prefix for r in reqs) and len({r.prompt[-1] for r in reqs}) == 3
     assert [r.arrival for r in reqs] == [0.0, 0.5, 1.0] and all(r.max_new_tokens == 5 for r in reqs)

@@ -3,7 +3,8 @@
 The package root holds the ideas, in reading order: ``tokenizer`` -> ``model`` (the GPT and its
 caches) -> ``sampling`` -> ``decoding`` (the loops) -> ``fast`` (the lean decode step) ->
 ``constraints`` and ``verify``; ``text`` turns strings into calls, ``stepper`` and ``memory`` hold
-what notebooks 4 and 5 show, ``paged`` and ``serving`` notebook 7's many users. ``kvlib.notebook`` draws it, ``kvlib.tools`` trains, loads and measures it.
+what notebooks 4 and 5 show, ``paged`` and ``serving`` notebook 7's many users. ``kvlib.notebook``
+draws it, ``kvlib.tools`` trains, loads and measures it.
 """
 from .checks import ContextLimitError
 from .constraints import acrostic, quatrain

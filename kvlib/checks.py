@@ -125,8 +125,9 @@ def check_token_lists(prompts, pad_id) -> list[list[int]]:
     """A non-empty list of non-empty token-id lists (ints >= 0), and a pad id (an int >= 0)."""
     check_int("pad_id", pad_id, 0)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        got = _describe(prompts) if isinstance(prompts, torch.Tensor) else f"{prompts!r:.60}"
         raise (ValueError if isinstance(prompts, (list, tuple)) else TypeError)(
-            f"prompts must be a non-empty list of token-id lists, got {prompts!r:.60}")
+            f"prompts must be a non-empty list of token-id lists, got {got}")
     out = []
     for i, p in enumerate(prompts):
         if isinstance(p, torch.Tensor):

@@ -550,5 +550,735 @@ def test_widgets_reject_bad_input_clearly(world, call, fragments):
     expect(outcome(call, world), fragments, world)
 
 
-def test_the_sweep_has_at_least_40_cases():
-    assert len(API_CASES) + len(CLI_CASES) + len(WIDGET_CASES) >= 40
+# ==== the second sweep: every class of the hostile sweep (issue 12), and the next ones ==========
+# Each case names its class in its id: [silent] a result that used to be silently wrong, [nan]
+# non-finite numbers, [train] training state, [file] files whose checksum may match but whose content
+# is wrong, [special] special files, [cli] the command line, [edge] every other public edge.
+
+def nan_weight_model(w: World, value=math.nan) -> GPT:
+    m = tiny_model(w.tok.vocab_size)
+    with torch.no_grad():
+        m.transformer.h[0].mlp.c_fc.weight[3, 2] = value
+    return m
+
+
+def hook_one_row(w: World):
+    two = torch.tensor([[0, 5], [0, 6]])
+    return generate(w.model, two, 2, logits_hook=lambda s, t, l: l[:1])
+
+
+def right_padded(w: World, loop):
+    idx = torch.tensor([[0, 5, 6], [0, 5, 0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    if loop == "cached":
+        return generate(w.model, idx, 2, temperature=0.0, key_mask=mask)
+    return generate_uncached(w.model, idx, 2, block_size=BLOCK, temperature=0.0, key_mask=mask)
+
+
+def _state(cfg: TrainConfig, step: int) -> dict:
+    from dataclasses import asdict
+
+    return {"config": asdict(cfg), "step": step, "history": [], "elapsed": 0.0, "model": {}, "optimizer": {},
+            "batch_rng": torch.Generator().get_state(), "torch_rng": torch.get_rng_state()}
+
+
+def with_unfinished_state(w: World, **given):
+    """A work folder holding the state of a run stopped at step 2 of 4; then ``train`` with ``given``."""
+    cfg = tiny_train_config(w)
+    Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
+    torch.save(_state(cfg, 2), Path(cfg.work_dir) / "state.pt")
+    resume = given.pop("resume", False)
+    return train(tiny_train_config(w, **given), resume=resume, poems=POEMS, progress=False)
+
+
+def manifest_entry(value):
+    def damage(d: Path):
+        m = json.loads((d / "MANIFEST.json").read_text())
+        m["tang-char.pt"] = value
+        (d / "MANIFEST.json").write_text(json.dumps(m))
+    return damage
+
+
+def manifest_text(text: str):
+    return lambda d: (d / "MANIFEST.json").write_text(text)
+
+
+def checkpoint_with(**changes):
+    """Rewrite the checkpoint with ``changes`` (a callable gets the checkpoint dict), then re-record it."""
+    def damage(d: Path):
+        ckpt = torch.load(d / "tang-char.pt", weights_only=True)
+        for key, value in changes.items():
+            ckpt[key] = value(ckpt) if callable(value) else value
+        torch.save(ckpt, d / "tang-char.pt")
+        integrity.record(d / "tang-char.pt", data_dir=d)
+    return damage
+
+
+def config_plus(**extra):
+    return lambda ckpt: {**ckpt["config"], **extra}
+
+
+def weights_without(name):
+    return lambda ckpt: {k: v for k, v in ckpt["model"].items() if k != name}
+
+
+def weights_with(name, value):
+    return lambda ckpt: {**ckpt["model"], name: value(ckpt["model"][name])}
+
+
+def tokenizer_text(text: str):
+    def damage(d: Path):
+        (d / "tang-char.tokenizer.json").write_text(text, encoding="utf-8")
+        integrity.record(d / "tang-char.tokenizer.json", data_dir=d)
+    return damage
+
+
+def tokenizer_bytes(raw: bytes):
+    def damage(d: Path):
+        (d / "tang-char.tokenizer.json").write_bytes(raw)
+        integrity.record(d / "tang-char.tokenizer.json", data_dir=d)
+    return damage
+
+
+def special(kind: str, target: str = "tang-char.pt"):
+    """Replace a recorded file by a FIFO, a symlink to /dev/zero or a folder (its manifest entry stays)."""
+    def damage(d: Path):
+        p = d / target
+        p.unlink()
+        if kind == "fifo":
+            os.mkfifo(p)
+        elif kind == "zero":
+            os.symlink("/dev/zero", p)
+        elif kind == "dir":
+            p.mkdir()
+        elif kind == "dangling":
+            os.symlink(d / "nowhere", p)
+    return damage
+
+
+def corpus_dir(w: World, damage: Callable[[Path], None] | None = None) -> Path:
+    """A scratch data folder holding a tiny corpus (.xz and its info), recorded in its manifest."""
+    import hashlib
+    import lzma
+
+    d = make_data_dir(w.tmp / "data", w.model, w.tok)
+    raw = ("\n".join(POEMS) + "\n").encode("utf-8")
+    (d / "tang.txt.xz").write_bytes(lzma.compress(raw))
+    (d / "tang.json").write_text(json.dumps({"text_sha256": hashlib.sha256(raw).hexdigest()}))
+    integrity.record(d / "tang.txt.xz", d / "tang.json", data_dir=d)
+    if damage is not None:
+        damage(d)
+    return d
+
+
+def truncated_xz(d: Path) -> None:
+    truncate(d / "tang.txt.xz", 0.6)
+    integrity.record(d / "tang.txt.xz", data_dir=d)
+
+
+def info_text(text: str):
+    def damage(d: Path):
+        (d / "tang.json").write_text(text)
+        integrity.record(d / "tang.json", data_dir=d)
+    return damage
+
+
+def tok_file(w: World, content) -> Path:
+    p = w.tmp / "t.json"
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return p
+
+
+def fifo(w: World) -> Path:
+    p = w.tmp / "pipe"
+    os.mkfifo(p)
+    return p
+
+
+def other_char_tokenizer() -> CharTokenizer:
+    return CharTokenizer.train(["春眠不觉晓，处处闻啼鸟。"] * 3)
+
+
+def _memory_mod():
+    return importlib.import_module("kvlib.memory")
+
+
+def _text_mod():
+    return importlib.import_module("kvlib.text")
+
+
+def _constraints_mod():
+    return importlib.import_module("kvlib.constraints")
+
+
+def _sampling_mod():
+    return importlib.import_module("kvlib.sampling")
+
+
+def _tokenizer_mod():
+    return importlib.import_module("kvlib.tokenizer")
+
+
+def _verify_mod():
+    return importlib.import_module("kvlib.verify")
+
+
+# GPTConfig: every field with every kind of bad value.
+_CONFIG_VALUES = [(True, TypeError, "got True"), (1.5, TypeError, "got 1.5"), ("8", TypeError, "got '8'"),
+                  (None, TypeError, "got None"), (0, ValueError, "got 0"), (-3, ValueError, "got -3")]
+CONFIG_CASES = [
+    (f"[silent] GPTConfig {field} {value!r}",
+     (lambda f, v: lambda w: GPTConfig(**{"vocab_size": 64, f: v}))(field, value), error,
+     [f"GPTConfig.{field}", "positive int", re.escape(frag)])
+    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+    for value, error, frag in _CONFIG_VALUES]
+
+# TrainConfig: every int setting with a bool, a float and a zero (it raises ValueError for all).
+TRAIN_CONFIG_CASES = [
+    (f"[train] TrainConfig {field} {value!r}", (lambda f, v: lambda w: tiny_train_config(w, **{f: v}))(field, value),
+     ValueError, [field, ">= 1", re.escape(f"got {value!r}")])
+    for field in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_every",
+                  "eval_batches", "save_every", "threads")
+    for value in (True, 2.5, 0)]
+
+# Decoding ids back to text: out of the vocabulary, not ints, not a list.
+DECODE_CASES = [
+    ("[silent] char decode -1", lambda w: w.tok.decode([-1]), ValueError, [r"ids\[0\] = -1", r"\[0, {v}\)"]),
+    ("[silent] char decode V", lambda w: w.tok.decode([0, w.tok.vocab_size]), ValueError,
+     [r"ids\[1\] = {v}", r"\[0, {v}\)"]),
+    ("[silent] char decode float id", lambda w: w.tok.decode([1.7]), TypeError, [r"ids\[0\]", "1.7", "int"]),
+    ("[silent] char decode bool id", lambda w: w.tok.decode([True]), TypeError, [r"ids\[0\]", "True"]),
+    ("[silent] char decode a str", lambda w: w.tok.decode("12"), TypeError, ["list of token ids", "got str"]),
+    ("[silent] char decode None", lambda w: w.tok.decode(None), TypeError, ["list of token ids", "NoneType"]),
+    ("[silent] char decode nested", lambda w: w.tok.decode([[1, 2]]), TypeError, [r"ids\[0\]", r"\[1, 2\]"]),
+    ("[silent] char decode float tensor", lambda w: w.tok.decode(torch.tensor([1.0])), TypeError,
+     ["integer tensor", "float32"]),
+    ("[silent] char decode 2-D tensor", lambda w: w.tok.decode(torch.zeros(2, 2, dtype=torch.long)), TypeError,
+     ["1-D", r"\(2, 2\)"]),
+    ("[silent] char decode negative in a tensor", lambda w: w.tok.decode(torch.tensor([3, -2])), ValueError,
+     [r"ids\[1\] = -2"]),
+    ("[silent] char token_bytes -1", lambda w: w.tok.token_bytes(-1), ValueError, ["token id", r"\[0, 58\]", "-1"]),
+    ("[silent] char token_bytes float", lambda w: w.tok.token_bytes(2.0), TypeError, ["token id", "2.0"]),
+    ("[silent] bpe decode -1", lambda w: w.bpe.decode([-1]), ValueError, [r"ids\[0\] = -1", r"\[0, 257\)"]),
+    ("[silent] bpe decode past eos", lambda w: w.bpe.decode([65, 257]), ValueError, [r"ids\[1\] = 257", "257"]),
+    ("[silent] bpe token_bytes 300", lambda w: w.bpe.token_bytes(300), ValueError, ["token id", r"\[0, 256\]", "300"]),
+    ("[silent] stream push float", lambda w: _tokenizer_mod().TextStream(w.tok).push(2.5), TypeError,
+     ["token id", "2.5"]),
+    ("[silent] stream push float tensor", lambda w: _tokenizer_mod().TextStream(w.tok).push(torch.tensor(2.5)),
+     TypeError, ["token id", "2.5"]),
+    ("[silent] stream_decode -1", lambda w: list(_tokenizer_mod().stream_decode(w.tok, [2, -1])), ValueError,
+     [r"ids\[1\] = -1"]),
+]
+
+PAD_CASES = [
+    ("[silent] pad_prompts float ids", lambda w: pad_prompts([[1.7, 2.2]]), TypeError,
+     ["prompt 0, token 0", "1.7", "int token id"]),
+    ("[silent] pad_prompts bool id", lambda w: pad_prompts([[1, True]]), TypeError, ["prompt 0, token 1", "True"]),
+    ("[silent] pad_prompts negative id", lambda w: pad_prompts([[1, 2], [-4]]), ValueError,
+     ["prompt 1, token 0", "-4", ">= 0"]),
+    ("[silent] pad_prompts str row", lambda w: pad_prompts(["春风"]), TypeError, ["prompt 0", "'春风'"]),
+    ("[silent] pad_prompts int row", lambda w: pad_prompts([5]), TypeError, ["prompt 0", "got 5"]),
+    ("[silent] pad_prompts a str", lambda w: pad_prompts("12"), TypeError, ["non-empty list", "'12'"]),
+    ("[silent] pad_prompts float tensor row", lambda w: pad_prompts([torch.tensor([1.0, 2.0])]), TypeError,
+     ["prompt 0", "float32"]),
+    ("[silent] pad_prompts 2-D tensor", lambda w: pad_prompts(torch.zeros(2, 3, dtype=torch.long)), TypeError,
+     ["non-empty list", "tensor"]),
+    ("[silent] pad_prompts pad_id -1", lambda w: pad_prompts([[1]], -1), ValueError, ["pad_id", ">= 0", "got -1"]),
+    ("[silent] pad_prompts pad_id float", lambda w: pad_prompts([[1]], 0.5), TypeError, ["pad_id", "got 0.5"]),
+    ("[silent] pad_prompts huge id", lambda w: pad_prompts([[2**70]]), ValueError, ["prompt 0, token 0", str(2**70)]),
+]
+
+MASK_CASES = [
+    ("[silent] generate right-padded key_mask", lambda w: right_padded(w, "cached"), ValueError,
+     ["key_mask row 1", r"\[1, 1, 0\]", "right padding", "left", "pad_prompts"]),
+    ("[silent] uncached right-padded key_mask", lambda w: right_padded(w, "uncached"), ValueError,
+     ["key_mask row 1", "right padding", "pad_prompts"]),
+    ("[silent] key_mask with a hole", lambda w: generate(w.model, torch.tensor([[0, 5, 6]]), 2,
+                                                         key_mask=torch.tensor([[1, 0, 1]])), ValueError,
+     ["key_mask row 0", r"\[1, 0, 1\]", "right padding"]),
+    ("[silent] key_mask of halves", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
+                                                       key_mask=torch.tensor([[0.5, 1.0]])), ValueError,
+     ["key_mask", "True/False", "float32"]),
+    ("[silent] key_mask of twos", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
+                                                     key_mask=torch.tensor([[2, 1]])), ValueError,
+     ["key_mask", "True/False", "int64"]),
+    ("[silent] key_mask a list", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, key_mask=[[1, 1]]),
+     ValueError, ["key_mask", r"\(1, 2\)", "list"]),
+    ("[silent] key_mask of another shape", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
+                                                              key_mask=torch.ones(1, 3, dtype=torch.bool)),
+     ValueError, ["key_mask", r"\(1, 2\)", r"\(1, 3\)"]),
+]
+
+HOOK_CASES = [
+    ("[silent] hook returns one row for two", hook_one_row, ValueError,
+     ["logits_hook", r"\(2, {v}\)", r"got \(1, {v}\)"]),
+    ("[silent] hook returns a list", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: l.tolist()),
+     ValueError, ["logits_hook", r"\(B, V\)", "got list"]),
+    ("[silent] hook returns None", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: None),
+     ValueError, ["logits_hook", "got NoneType"]),
+    ("[nan] hook returns NaN", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: l * math.nan),
+     ValueError, ["logits row 0", "NaN"]),
+    ("[nan] hook bans everything", lambda w: generate(w.model, w.idx(), 2,
+                                                      logits_hook=lambda s, t, l: l - math.inf),
+     ValueError, ["logits row 0", "every entry is -inf"]),
+    ("[silent] hook returns integers", lambda w: generate(w.model, w.idx(), 2,
+                                                          logits_hook=lambda s, t, l: l.long()),
+     TypeError, ["logits", "floating dtype", "torch.int64"]),
+    ("[nan] uncached hook returns NaN", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=BLOCK,
+                                                                    logits_hook=lambda s, t, l: l * math.nan),
+     ValueError, ["logits row 0", "NaN"]),
+]
+
+NAN_CASES = [
+    ("[nan] generate with a NaN weight", lambda w: generate(nan_weight_model(w), w.idx(), 4, temperature=0.0),
+     ValueError, ["model weight transformer.h.0.mlp.c_fc.weight", "1 non-finite", "NaN"]),
+    ("[nan] generate with an inf weight", lambda w: generate(nan_weight_model(w, math.inf), w.idx(), 4), ValueError,
+     ["model weight transformer.h.0.mlp.c_fc.weight", "non-finite"]),
+    ("[nan] write with a NaN weight", lambda w: write(nan_weight_model(w), w.tok, "春"), ValueError,
+     ["model weight", "NaN"]),
+    ("[nan] acrostic with a NaN weight", lambda w: acrostic(nan_weight_model(w), w.tok, "春", 5), ValueError,
+     ["model weight", "NaN"]),
+    ("[nan] temperature inf", lambda w: sample_next(torch.zeros(1, 3), temperature=math.inf), ValueError,
+     ["temperature", "finite", "inf"]),
+    ("[nan] temperature -inf", lambda w: sample_next(torch.zeros(1, 3), temperature=-math.inf), ValueError,
+     ["temperature", "-inf"]),
+    ("[nan] temperature 10**400", lambda w: sample_next(torch.zeros(1, 3), temperature=10**400), ValueError,
+     ["temperature", "finite", "1000000"]),
+    ("[nan] temperature tiny negative", lambda w: probabilities(torch.zeros(1, 3), temperature=-1e-300), ValueError,
+     ["temperature", ">= 0", "-1e-300"]),
+    ("[nan] temperature complex", lambda w: probabilities(torch.zeros(1, 3), temperature=1j), TypeError,
+     ["temperature", "real number", "1j"]),
+    ("[nan] temperature None", lambda w: probabilities(torch.zeros(1, 3), temperature=None), TypeError,
+     ["temperature", "None"]),
+    ("[nan] top_p NaN", lambda w: probabilities(torch.zeros(1, 3), top_p=math.nan), ValueError, ["top_p", "nan"]),
+    ("[nan] top_p inf", lambda w: probabilities(torch.zeros(1, 3), top_p=math.inf), ValueError, ["top_p", "inf"]),
+    ("[nan] top_k float", lambda w: probabilities(torch.zeros(1, 3), top_k=2.0), TypeError, ["top_k", "2.0"]),
+    ("[nan] top_k bool", lambda w: probabilities(torch.zeros(1, 3), top_k=True), TypeError, ["top_k", "True"]),
+    ("[nan] apply_temperature NaN", lambda w: _sampling_mod().apply_temperature(torch.zeros(1, 3), math.nan),
+     ValueError, ["temperature", "nan"]),
+    ("[nan] logits -inf and NaN", lambda w: _sampling_mod().top_k_filter(torch.tensor([[-math.inf, math.nan]]), 1),
+     ValueError, ["row 0", "NaN"]),
+    ("[nan] logits complex", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.complex64)), TypeError,
+     ["floating dtype", "complex64"]),
+    ("[nan] logits bool", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.bool)), TypeError,
+     ["floating dtype", "torch.bool"]),
+    ("[nan] logits 3-D", lambda w: sample_next(torch.zeros(1, 2, 3)), ValueError, [r"\(B, V\)", r"\(1, 2, 3\)"]),
+    ("[nan] logits V = 0", lambda w: sample_next(torch.zeros(2, 0)), ValueError, ["at least one", "V = 0"]),
+    ("[nan] top_p_filter p 0", lambda w: _sampling_mod().top_p_filter(torch.zeros(1, 3), 0), ValueError,
+     ["top_p", "got 0"]),
+]
+
+TRAIN_CASES = [
+    ("[train] train on no poems", lambda w: train(tiny_train_config(w), poems=[], progress=False), ValueError,
+     ["poems: 0 poems", "at least block_size \\+ 2 = 10", "at least 20"]),
+    ("[train] train on five poems", lambda w: train(tiny_train_config(w), poems=POEMS[:5], progress=False),
+     ValueError, ["poems: 5 poems", "0 validation"]),
+    ("[train] train on a str", lambda w: train(tiny_train_config(w), poems="床前看月光", progress=False), TypeError,
+     ["poems", "list of str", "'床前看月光'"]),
+    ("[train] train on numbers", lambda w: train(tiny_train_config(w), poems=[1, 2], progress=False), ValueError,
+     [r"poems\[0\]", "non-empty str", "got 1"]),
+    ("[train] train on an empty poem", lambda w: train(tiny_train_config(w), poems=["春", ""], progress=False),
+     ValueError, [r"poems\[1\]", "got ''"]),
+    ("[train] train with a dict config", lambda w: train({"steps": 4}, poems=POEMS), TypeError,
+     ["cfg", "TrainConfig", "dict"]),
+    ("[train] resume and restart", lambda w: train(tiny_train_config(w), resume=True, restart=True, poems=POEMS),
+     ValueError, ["resume and restart", "exclude"]),
+    ("[train] resume 'yes'", lambda w: train(tiny_train_config(w), resume="yes", poems=POEMS), TypeError,
+     ["resume", "True or False", "'yes'"]),
+    ("[train] fresh run over an unfinished one", lambda w: with_unfinished_state(w), FileExistsError,
+     ["unfinished run", "step 2 of 4", "--resume", "--restart"]),
+    ("[train] resume with more steps", lambda w: with_unfinished_state(w, resume=True, steps=12), ValueError,
+     ["another configuration", "steps: 4 -> 12", "--restart"]),
+    ("[train] resume with another width", lambda w: with_unfinished_state(w, resume=True, n_embd=8), ValueError,
+     ["n_embd: 16 -> 8"]),
+    ("[train] resume with another seed and lr", lambda w: with_unfinished_state(w, resume=True, seed=2, lr=0.5),
+     ValueError, ["lr: 0.003 -> 0.5", "seed: 1 -> 2"]),
+    ("[train] TrainConfig seed -1", lambda w: tiny_train_config(w, seed=-1), ValueError,
+     ["seed", r"\[0, 2\*\*64 - 1\]", "got -1"]),
+    ("[train] TrainConfig seed 2**64", lambda w: tiny_train_config(w, seed=2**64), ValueError,
+     ["seed", str(2**64)]),
+    ("[train] TrainConfig seed str", lambda w: tiny_train_config(w, seed="1"), ValueError, ["seed", "'1'"]),
+    ("[train] TrainConfig warmup -1", lambda w: tiny_train_config(w, warmup=-1), ValueError,
+     ["warmup", ">= 0", "got -1"]),
+    ("[train] TrainConfig grad_clip inf", lambda w: tiny_train_config(w, grad_clip=math.inf), ValueError,
+     ["grad_clip", "finite", "inf"]),
+    ("[train] TrainConfig lr 0", lambda w: tiny_train_config(w, lr=0.0), ValueError, ["lr", "> 0", "got 0.0"]),
+    ("[train] TrainConfig lr str", lambda w: tiny_train_config(w, lr="fast"), ValueError, ["lr", "'fast'"]),
+    ("[train] TrainConfig out_dir 5", lambda w: tiny_train_config(w, out_dir=5), ValueError,
+     ["out_dir", "str", "got 5"]),
+]
+
+FILE_CASES = [
+    ("[file] manifest sha256 5", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry({"sha256": 5}))),
+     IntegrityError, ["MANIFEST.json", "'tang-char.pt'", "64 hex digits", "got 5"]),
+    ("[file] manifest sha256 short", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry(
+        {"sha256": "abc", "bytes": 1}))), IntegrityError, ["sha256 of 'tang-char.pt'", "'abc'"]),
+    ("[file] manifest bytes negative", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry(
+        {"sha256": "0" * 64, "bytes": -1}))), IntegrityError, ["'bytes'", ">= 0", "got -1"]),
+    ("[file] manifest entry a str", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry("x"))),
+     IntegrityError, ["entry for 'tang-char.pt'", "got 'x'"]),
+    ("[file] manifest deeply nested", lambda w: load_pretrained("tang-char", data_with(w, manifest_text("[" * 100000))),
+     IntegrityError, ["MANIFEST.json", "not valid JSON", "nested too deeply"]),
+    ("[file] manifest a list", lambda w: load_pretrained("tang-char", data_with(w, manifest_text("[1, 2]"))),
+     IntegrityError, ["MANIFEST.json", "got a list"]),
+    ("[file] manifest not UTF-8", lambda w: load_pretrained("tang-char", data_with(
+        w, lambda d: (d / "MANIFEST.json").write_bytes(b"\xff\xfe{}"))), IntegrityError,
+     ["MANIFEST.json", "not valid JSON"]),
+    ("[file] checkpoint config with an unknown key", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(config=config_plus(rope=True)))), IntegrityError, ["tang-char.pt", "'config'", "rope"]),
+    ("[file] checkpoint config without vocab_size", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(config={"block_size": 16}))), IntegrityError, ["tang-char.pt", "vocab_size", "block_size"]),
+    ("[file] checkpoint config n_head 0", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(config=config_plus(n_head=0)))), IntegrityError,
+     ["tang-char.pt", "config is not valid", "n_head", "got 0"]),
+    ("[file] checkpoint config a list", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(config=[1, 2]))), IntegrityError, ["'config' must be a dict", "list"]),
+    ("[file] state dict missing a layer", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model=weights_without("transformer.h.0.attn.c_attn.weight")))), IntegrityError,
+     ["tang-char.pt", "do not fit", "missing transformer.h.0.attn.c_attn.weight"]),
+    ("[file] state dict with an extra layer", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model=lambda c: {**c["model"], "transformer.h.9.w": torch.zeros(1)}))), IntegrityError,
+     ["unexpected transformer.h.9.w"]),
+    ("[file] weight of the wrong shape", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t[:-1])))), IntegrityError,
+     ["weight lm_head.weight", r"\(58, 16\)", r"\(59, 16\)"]),
+    ("[file] weight of the wrong dtype", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t.double())))), IntegrityError,
+     ["weight lm_head.weight", "torch.float64", "torch.float32"]),
+    ("[nan] checkpoint with a NaN weight", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t * math.nan)))), IntegrityError,
+     ["weight lm_head.weight", "non-finite", "NaN"]),
+    ("[file] weights not tensors", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(model={"a": 1}))), IntegrityError, ["'model' must be a state dict"]),
+    ("[file] checkpoint a list", lambda w: load_pretrained("tang-char", data_with(w, lambda d: (
+        torch.save([1, 2], d / "tang-char.pt"), integrity.record(d / "tang-char.pt", data_dir=d)))),
+     IntegrityError, ["not a kvlib checkpoint", "got list"]),
+    ("[file] checkpoint names a tokenizer outside the folder", lambda w: load_pretrained("tang-char", data_with(
+        w, checkpoint_with(tokenizer="../../etc/passwd"))), IntegrityError,
+     ["'tokenizer' must name a file", "'../../etc/passwd'"]),
+    ("[file] tokenizer bad JSON", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("{oops"))),
+     IntegrityError, ["tang-char.tokenizer.json", "not valid JSON"]),
+    ("[file] tokenizer not UTF-8", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_bytes(b'{"kind": "\xff"}'))), IntegrityError, ["tang-char.tokenizer.json", "UTF-8"]),
+    ("[file] tokenizer a JSON list", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("[1, 2]"))),
+     IntegrityError, ["tang-char.tokenizer.json", "JSON object", "got a list"]),
+    ("[file] tokenizer char without its table", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text('{"kind": "char"}'))), IntegrityError, ["tang-char.tokenizer.json", "'itos'", "missing"]),
+    ("[file] tokenizer table not a list", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text('{"kind": "char", "itos": "abc"}'))), IntegrityError, ["itos", "list of str", "str"]),
+    ("[file] tokenizer table with a duplicate", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", "春", "春"]})))), IntegrityError,
+     ["entry 3", "'春'", "duplicate"]),
+    ("[file] tokenizer table with a word", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", "春风"]})))), IntegrityError,
+     ["entry 2", "one character", "'春风'"]),
+    ("[file] tokenizer table of numbers", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", 5]})))), IntegrityError,
+     ["entry 2", "got 5"]),
+    ("[file] BPE merge naming an undefined id", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": [[65, 66], [300, 1]]})))), IntegrityError,
+     ["BPE merge 1", r"\[300, 1\]", "not defined yet", r"\[0, 257\)"]),
+    ("[file] BPE merge not a pair", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": [[65]]})))), IntegrityError,
+     ["BPE merge 0", r"\[65\]", "pair"]),
+    ("[file] BPE merges missing", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text('{"kind": "bpe"}'))), IntegrityError, ["'merges'", "missing"]),
+    ("[file] tokenizer kind missing", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("{}"))),
+     IntegrityError, ["unknown tokenizer kind None", "expected one of"]),
+    ("[file] tokenizer of another model", lambda w: load_pretrained("tang-char", data_with(
+        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": []})))), IntegrityError,
+     ["tang-char.tokenizer.json", "bpe, 257 ids", "does not belong to tang-char", "59 ids"]),
+    ("[file] truncated corpus .xz, re-recorded", lambda w: load_text(corpus_dir(w, truncated_xz)), IntegrityError,
+     ["tang.txt.xz", "not a complete .xz", "truncated"]),
+    ("[file] corpus info bad JSON", lambda w: load_text(corpus_dir(w, info_text("{"))), IntegrityError,
+     ["tang.json", "not valid JSON"]),
+    ("[file] corpus info without the text's sha256", lambda w: load_text(corpus_dir(w, info_text("{}"))),
+     IntegrityError, ["tang.json", "text_sha256", "None"]),
+    ("[file] corpus info a list", lambda w: load_text(corpus_dir(w, info_text("[]"))), IntegrityError,
+     ["tang.json", "JSON object"]),
+    ("[file] load_tokenizer bad JSON", lambda w: load_tokenizer(tok_file(w, "{oops")), IntegrityError,
+     ["t.json", "not valid JSON"]),
+    ("[file] load_tokenizer a number", lambda w: load_tokenizer(tok_file(w, 5)), IntegrityError,
+     ["t.json", "got a int"]),
+    ("[file] load_tokenizer missing", lambda w: load_tokenizer(w.tmp / "none.json"), IntegrityError,
+     ["none.json", "missing"]),
+    ("[file] save_tokenizer of a str", lambda w: save_tokenizer("char", w.tmp / "t.json"), TypeError,
+     ["tokenizer", "str"]),
+]
+
+SPECIAL_CASES = [
+    ("[special] checkpoint is a FIFO", lambda w: load_pretrained("tang-char", data_with(w, special("fifo"))),
+     IntegrityError, ["tang-char.pt", "FIFO", "regular file"]),
+    ("[special] checkpoint links to /dev/zero", lambda w: load_pretrained("tang-char", data_with(w, special("zero"))),
+     IntegrityError, ["tang-char.pt", "a device", "regular file"]),
+    ("[special] checkpoint is a folder", lambda w: load_pretrained("tang-char", data_with(w, special("dir"))),
+     IntegrityError, ["tang-char.pt", "a folder", "regular file"]),
+    ("[special] checkpoint is a dangling link", lambda w: load_pretrained("tang-char", data_with(
+        w, special("dangling"))), IntegrityError, ["tang-char.pt", "missing"]),
+    ("[special] tokenizer is a FIFO", lambda w: load_pretrained("tang-char", data_with(
+        w, special("fifo", "tang-char.tokenizer.json"))), IntegrityError, ["tokenizer.json", "FIFO"]),
+    ("[special] manifest is a FIFO", lambda w: load_pretrained("tang-char", data_with(w, special("fifo", "MANIFEST.json"))),
+     IntegrityError, ["MANIFEST.json", "FIFO", "manifest"]),
+    ("[special] manifest is a folder", lambda w: load_pretrained("tang-char", data_with(w, special("dir", "MANIFEST.json"))),
+     IntegrityError, ["MANIFEST.json", "a folder"]),
+    ("[special] load_tokenizer from a FIFO", lambda w: load_tokenizer(fifo(w)), IntegrityError, ["pipe", "FIFO"]),
+    ("[special] load_tokenizer from /dev/zero", lambda w: load_tokenizer("/dev/zero"), IntegrityError,
+     ["/dev/zero", "a device"]),
+    ("[special] load_tokenizer from a folder", lambda w: load_tokenizer(w.tmp), IntegrityError, ["a folder"]),
+]
+
+EDGE_CASES = [
+    # text in, text out
+    ("[edge] encode a lone surrogate", lambda w: w.tok.encode("春\udcff"), ValueError,
+     ["text", "not valid Unicode", r"'\\udcff'", "index 1"]),
+    ("[edge] bpe encode a lone surrogate", lambda w: w.bpe.encode("\udce4"), ValueError,
+     ["not valid Unicode", r"'\\udce4'"]),
+    ("[edge] write a lone surrogate", lambda w: write(w.model, w.tok, "\udcff"), ValueError, ["not valid Unicode"]),
+    ("[edge] write seed str", lambda w: write(w.model, w.tok, "春", seed="abc"), TypeError, ["seed", "'abc'"]),
+    ("[edge] write seed 2**64", lambda w: write(w.model, w.tok, "春", seed=2**64), ValueError,
+     ["seed", r"\[0, 2\*\*64 - 1\]", str(2**64)]),
+    ("[edge] write seed negative", lambda w: write(w.model, w.tok, "春", seed=-1), ValueError, ["seed", "got -1"]),
+    ("[edge] write n True", lambda w: write(w.model, w.tok, "春", n=True), ValueError, ["n ", "got True"]),
+    ("[edge] write a list with a number", lambda w: write(w.model, w.tok, ["春", 5]), TypeError,
+     ["str or a list of str"]),
+    ("[edge] write with another tokenizer", lambda w: write(w.model, other_char_tokenizer(), "春"), ValueError,
+     ["does not belong", "model \\(59 ids\\)", "load_pretrained"]),
+    ("[edge] write with the BPE tokenizer", lambda w: write(w.model, w.bpe, "春"), ValueError,
+     ["tokenizer \\(bpe, 257 ids\\) does not belong"]),
+    ("[edge] write with a str tokenizer", lambda w: write(w.model, "char", "春"), TypeError,
+     ["kvlib tokenizer", "str"]),
+    ("[edge] write_ids a str", lambda w: _text_mod().write_ids(w.model, w.tok, "春"), TypeError,
+     ["texts", "list of str", "'春'"]),
+    ("[edge] write_ids a number in the list", lambda w: _text_mod().write_ids(w.model, w.tok, ["春", 3]),
+     TypeError, [r"texts\[1\]", "str", "int"]),
+    ("[edge] top_next k True", lambda w: top_next(w.model, w.tok, "春", True), ValueError, ["k must be", "True"]),
+    ("[edge] top_next with another tokenizer", lambda w: top_next(w.model, other_char_tokenizer(), "春"), ValueError,
+     ["does not belong"]),
+    ("[edge] next_token_probs temperature -1", lambda w: _text_mod().next_token_probs(w.model, w.tok, "春", -1.0),
+     ValueError, ["temperature", "got -1"]),
+    ("[edge] rank_of an int", lambda w: rank_of(w.model, w.tok, "春", 5), TypeError, ["char", "str", "int"]),
+    ("[edge] rank_of empty", lambda w: rank_of(w.model, w.tok, "春", ""), ValueError, ["exactly one token", "''"]),
+    ("[edge] encode_prompt None", lambda w: _text_mod().encode_prompt(w.tok, None), TypeError, ["text", "NoneType"]),
+    ("[edge] completion row 5", lambda w: _text_mod().completion(w.tok, generate(w.model, w.idx(), 1), 5),
+     ValueError, ["b must be", r"\[0, 0\]", "got 5"]),
+    ("[edge] count_followers empty prefix", lambda w: _text_mod().count_followers(POEMS, ""), ValueError,
+     ["prefix", "at least one", "''"]),
+    ("[edge] count_followers a str corpus", lambda w: _text_mod().count_followers("春风", "春"), TypeError,
+     ["poems", "list of str", "'春风'"]),
+    ("[edge] format_score a str", lambda w: _text_mod().format_score("春风"), TypeError, ["poems", "'春风'"]),
+    ("[edge] line_lengths an int", lambda w: _text_mod().line_lengths(5), TypeError, ["poem", "str", "int"]),
+    # constrained decoding
+    ("[edge] acrostic 7.0 per line", lambda w: acrostic(w.model, w.tok, "春眠", 7.0), TypeError,
+     ["chars_per_line", "5 or 7", "got 7.0"]),
+    ("[edge] acrostic True per line", lambda w: acrostic(w.model, w.tok, "春眠", True), TypeError,
+     ["chars_per_line", "got True"]),
+    ("[edge] acrostic surrogate head", lambda w: acrostic(w.model, w.tok, "春\udcff"), ValueError,
+     ["heads", "not valid Unicode"]),
+    ("[edge] acrostic temperature str", lambda w: acrostic(w.model, w.tok, "春", 5, temperature="hot"), TypeError,
+     ["temperature", "'hot'"]),
+    ("[edge] acrostic seed as generator", lambda w: acrostic(w.model, w.tok, "春", 5, generator=7), TypeError,
+     ["torch.Generator", "int"]),
+    ("[edge] acrostic with another tokenizer", lambda w: acrostic(w.model, other_char_tokenizer(), "春", 5),
+     ValueError, ["does not belong"]),
+    ("[silent] quatrain_schedule lines -1", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=-1),
+     ValueError, ["lines", "positive int", "got -1"]),
+    ("[silent] quatrain_schedule lines 0", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=0),
+     ValueError, ["lines", "got 0"]),
+    ("[silent] quatrain_schedule lines 2.5", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=2.5),
+     TypeError, ["lines", "got 2.5"]),
+    ("[edge] quatrain 5.0 per line", lambda w: quatrain(w.model, w.tok, 5.0), TypeError,
+     ["chars_per_line", "5 or 7", "got 5.0"]),
+    ("[edge] acrostic_schedule 6 per line", lambda w: _constraints_mod().acrostic_schedule(w.tok, "春", 6),
+     ValueError, ["chars_per_line", "got 6"]),
+    ("[edge] max_lines block 0", lambda w: _constraints_mod().max_lines(0, 7), ValueError, ["block_size", "got 0"]),
+    ("[edge] max_lines line length 0", lambda w: _constraints_mod().max_lines(128, 0), ValueError,
+     ["chars_per_line", "got 0"]),
+    ("[edge] poem_lines None", lambda w: _constraints_mod().poem_lines(None), TypeError, ["poem", "NoneType"]),
+    ("[edge] is_acrostic int heads", lambda w: _constraints_mod().is_acrostic("春。", 5, 7), TypeError,
+     ["heads", "int"]),
+    ("[edge] acrostic_report 0 per line", lambda w: _constraints_mod().acrostic_report("春。", "春", 0), ValueError,
+     ["chars_per_line", "got 0"]),
+    # the model, its cache and generate's other edges
+    ("[edge] KVCache of a dict", lambda w: KVCache({"vocab_size": 8}, 1), TypeError,
+     ["config", "GPTConfig", "dict", r"GPTConfig\(\*\*d\)"]),
+    ("[edge] KVCache of an int dtype", lambda w: KVCache(w.model.config, 1, dtype=torch.int64), TypeError,
+     ["dtype", "floating", "torch.int64"]),
+    ("[edge] KVCache batch 1.5", lambda w: KVCache(w.model.config, 1.5), TypeError, ["batch_size", "got 1.5"]),
+    ("[edge] KVCache max_len 0", lambda w: KVCache(w.model.config, 1, 0), ValueError, ["max_len", "got 0"]),
+    ("[edge] GrowingKVCache of None", lambda w: importlib.import_module("kvlib.model").GrowingKVCache(None),
+     TypeError, ["config", "GPTConfig", "NoneType"]),
+    ("[edge] model 3-D ids", lambda w: w.model(torch.zeros(1, 2, 3, dtype=torch.long)), TypeError,
+     ["integer tensor", r"\(1, 2, 3\)"]),
+    ("[edge] generate int32 prompt", lambda w: generate(w.model, w.idx().int(), 2), TypeError,
+     ["int64 tensor", "torch.int32"]),
+    ("[edge] generate max_new_tokens True", lambda w: generate(w.model, w.idx(), True), ValueError,
+     ["max_new_tokens", "got True"]),
+    ("[edge] generate eos -1", lambda w: generate(w.model, w.idx(), 2, eos_id=-1), ValueError, ["eos_id", "-1"]),
+    ("[edge] generate unknown decoder", lambda w: generate(w.model, w.idx(), 2, decoder="turbo"), ValueError,
+     ["decoder", "'turbo'", "fast"]),
+    ("[edge] generate decoder a number", lambda w: generate(w.model, w.idx(), 2, decoder=3), TypeError,
+     ["decoder", "int"]),
+    ("[silent] uncached block_size True", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=True),
+     TypeError, ["block_size", "positive int", "got True"]),
+    ("[edge] uncached block_size 2.5", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=2.5), TypeError,
+     ["block_size", "got 2.5"]),
+    ("[edge] uncached float prompt", lambda w: generate_uncached(w.model, torch.zeros(1, 2), 2, block_size=BLOCK),
+     TypeError, ["int64 tensor", "float32"]),
+    # cache verification
+    ("[edge] verify_cache steps 5.5", lambda w: verify_cache(w.model, w.idx(), 5.5), TypeError,
+     ["steps", r"\[1, 14\]", "got 5.5"]),
+    ("[edge] verify_cache steps past the block", lambda w: verify_cache(w.model, w.idx(), 15), ValueError,
+     ["steps", r"\[1, 14\] for a 3-token prompt", "got 15"]),
+    ("[edge] verify_cache prompt past the block", lambda w: verify_cache(w.model, torch.zeros(1, 17, dtype=torch.long), 1),
+     ContextLimitError, ["17 tokens", "holds 16"]),
+    ("[edge] verify_cache float prompt", lambda w: verify_cache(w.model, torch.zeros(1, 3), 2), ValueError,
+     [r"\(1, P\)", "int64"]),
+    ("[edge] check_batch_consistency steps 0", lambda w: _verify_mod().check_batch_consistency(
+        w.model, [[0, 5], [0, 6, 7]], 0), ValueError, ["steps", r"\[1, 14\]", "got 0"]),
+    ("[edge] check_batch_consistency prompt past the block", lambda w: _verify_mod().check_batch_consistency(
+        w.model, [[0] * 17], 1), ContextLimitError, ["prompt 0 has 17 tokens", "holds 16"]),
+    ("[edge] check_batch_consistency id past the vocabulary", lambda w: _verify_mod().check_batch_consistency(
+        w.model, [[0, 999]], 2), ValueError, ["prompt 0", "999", r"\[0, {v}\)"]),
+    ("[edge] check_batch_consistency float ids", lambda w: _verify_mod().check_batch_consistency(
+        w.model, [[0.5]], 2), TypeError, ["prompt 0, token 0", "0.5"]),
+    # memory arithmetic
+    ("[edge] ModelShape heads 0", lambda w: _memory_mod().ModelShape("x", 2, 0, 1, 64, 10, 128), ValueError,
+     ["ModelShape.n_head", "got 0"]),
+    ("[edge] ModelShape kv heads 0", lambda w: _memory_mod().ModelShape("x", 2, 4, 0, 64, 10, 128), ValueError,
+     ["ModelShape.n_kv_head", "got 0"]),
+    ("[edge] ModelShape groups that do not divide", lambda w: _memory_mod().ModelShape("x", 2, 6, 4, 64, 10, 128),
+     ValueError, [r"n_head \(6\)", r"n_kv_head \(4\)"]),
+    ("[edge] ModelShape head_dim float", lambda w: _memory_mod().ModelShape("x", 2, 4, 4, 6.5, 10, 128), TypeError,
+     ["ModelShape.head_dim", "6.5"]),
+    ("[edge] ModelShape name 5", lambda w: _memory_mod().ModelShape(5, 2, 4, 4, 64, 10, 128), TypeError,
+     ["ModelShape.name", "got 5"]),
+    ("[edge] dtype_bytes None", lambda w: _memory_mod().dtype_bytes(None), ValueError, ["dtype", "None"]),
+    ("[edge] dtype_bytes a list", lambda w: _memory_mod().dtype_bytes(["float32"]), ValueError, ["dtype", "float32"]),
+    ("[edge] kv_cache_bytes tokens 0", lambda w: _memory_mod().SHAPES["GPT-2 small"].kv_cache_bytes(0), ValueError,
+     ["tokens", "got 0"]),
+    ("[edge] kv_cache_bytes batch 2.5", lambda w: _memory_mod().SHAPES["GPT-2 small"].kv_cache_bytes(8, 2.5),
+     TypeError, ["batch", "2.5"]),
+    ("[edge] describe of a name", lambda w: _memory_mod().describe("GPT-5"), TypeError,
+     ["shape", "ModelShape", "str"]),
+    ("[edge] gpt2_params layers 0", lambda w: _memory_mod().gpt2_params(0, 768), ValueError, ["n_layer", "got 0"]),
+    ("[edge] gpt2_shape heads 0", lambda w: _memory_mod().gpt2_shape("x", 2, 64, 0), ValueError, ["n_head", "got 0"]),
+    ("[edge] llama_params kv heads 0", lambda w: _memory_mod().llama_params(2, 64, 4, 0, 128, 100), ValueError,
+     ["n_kv_head", "got 0"]),
+    ("[edge] table_rows dtype int4", lambda w: _memory_mod().table_rows(dtype="int4"), ValueError, ["dtype", "'int4'"]),
+    ("[edge] cat_bytes_copied tokens -1", lambda w: _memory_mod().cat_bytes_copied(8, -1), ValueError,
+     ["tokens", "got -1"]),
+    # tokenizers built by hand
+    ("[edge] CharTokenizer of a str", lambda w: CharTokenizer("\n<unk>春"), TypeError, ["itos", "list of str", "str"]),
+    ("[edge] ByteBPETokenizer merge of bools", lambda w: ByteBPETokenizer([(True, 2)]), ValueError,
+     ["BPE merge 0", "pair of int ids", "True"]),
+    ("[edge] ByteBPETokenizer merge ahead of itself", lambda w: ByteBPETokenizer([(1, 256)]), ValueError,
+     ["BPE merge 0", r"\[1, 256\]", r"\[0, 256\)"]),
+    ("[edge] tokenizer_from_dict a list", lambda w: _tokenizer_mod().tokenizer_from_dict([]), ValueError,
+     ["JSON object", "got a list"]),
+]
+
+
+MORE_CASES = (CONFIG_CASES + TRAIN_CONFIG_CASES + DECODE_CASES + PAD_CASES + MASK_CASES + HOOK_CASES + NAN_CASES
+              + TRAIN_CASES + FILE_CASES + SPECIAL_CASES + EDGE_CASES)
+
+
+@pytest.mark.parametrize("call, error, fragments", _params(MORE_CASES))
+def test_library_rejects_hostile_input_clearly(world, call, error, fragments):
+    with pytest.raises(error) as info:
+        call(world)
+    expect(str(info.value), fragments, world)
+
+
+# The command line on the same tiny model: usage errors (status 2) and damaged data (status 1).
+BAD_BYTES_PROMPT = b"\xff\xfe\xe6\x98".decode("utf-8", "surrogateescape")  # what argv holds for bytes that are not UTF-8
+
+MORE_CLI_CASES = [
+    ("[cli] seed past 2**64", ["generate", "--seed", "99999999999999999999999"], 2,
+     ["--seed", r"\[0, 2\*\*64 - 1\]", "99999999999999999999999"]),
+    ("[cli] negative seed", ["generate", "--seed", "-1"], 2, ["--seed", "got -1"]),
+    ("[cli] prompt not UTF-8", ["generate", "--prompt", "春" + BAD_BYTES_PROMPT], 2,
+     ["--prompt", "not valid UTF-8", r"\\xff\\xfe", "character 1"]),
+    ("[cli] batch prompt not UTF-8", ["generate", "--batch-prompts", "春|" + BAD_BYTES_PROMPT], 2,
+     ["--batch-prompts", "not valid UTF-8"]),
+    ("[cli] max-new-tokens 10**13 without the cache", ["generate", "--max-new-tokens", "10000000000000", "--no-cache"],
+     2, ["--max-new-tokens", "at most 100,000", "10000000000000"]),
+    ("[cli] max-new-tokens 10**13", ["generate", "--max-new-tokens", "10000000000000"], 2,
+     ["--max-new-tokens", "at most 100,000"]),
+    ("[silent] batch-prompts empty", ["generate", "--batch-prompts", ""], 2, ["--batch-prompts", "empty prompt", "''"]),
+    ("[cli] batch-prompts only separators", ["generate", "--batch-prompts", "||"], 2, ["--batch-prompts", r"'\|\|'"]),
+    ("[cli] batch member past the block", ["generate", "--batch-prompts", "春|" + "春" * 20], 2,
+     ["--batch-prompts", "prompt 2", "20 tokens", "at most 15", "block of 16"]),
+    ("[cli] batch-prompts with --prompt", ["generate", "--prompt", "春", "--batch-prompts", "春|夜"], 2,
+     ["--batch-prompts", "--prompt"]),
+    ("[cli] batch-prompts with --no-cache", ["generate", "--batch-prompts", "春|夜", "--no-cache"], 2,
+     ["--batch-prompts", "--no-cache"]),
+    ("[cli] batch-prompts with --stream", ["generate", "--batch-prompts", "春|夜", "--stream"], 2,
+     ["--batch-prompts", "--stream"]),
+    ("[cli] infinite temperature", ["generate", "--temperature", "inf"], 2, ["temperature", "finite", "inf"]),
+    ("[cli] temperature 1e999", ["generate", "--temperature", "1e999"], 2, ["temperature", "finite", "inf"]),
+    ("[cli] temperature not a number", ["generate", "--temperature", "hot"], 2, ["--temperature", "'hot'"]),
+    ("[cli] top-k negative", ["generate", "--top-k", "-5"], 2, ["top_k", ">= 1", "-5"]),
+    ("[cli] top-k fractional", ["generate", "--top-k", "2.5"], 2, ["--top-k", "'2.5'"]),
+    ("[cli] top-p NaN", ["generate", "--top-p", "nan"], 2, ["top_p", "nan"]),
+    ("[cli] top-p 0", ["generate", "--top-p", "0"], 2, ["top_p", "got 0"]),
+    ("[cli] no-cache prompt past the block", ["generate", "--prompt", "春" * 30, "--no-cache"], 2,
+     ["30 tokens", "at most 15"]),
+    ("[cli] benchmark with no tokens", ["generate", "--benchmark", "--max-new-tokens", "0"], 2,
+     ["--benchmark", "--max-new-tokens >= 1"]),
+    ("[cli] evaluate negative show", ["evaluate", "--show", "-1"], 2, ["--show", ">= 0", "-1"]),
+    ("[cli] evaluate poems not a number", ["evaluate", "--poems", "many"], 2, ["--poems", "'many'"]),
+    ("[cli] train seed past 2**64", ["train", "--seed", str(2**64)], 2, ["--seed", str(2**64)]),
+    ("[cli] train NaN lr", ["train", "--lr", "nan"], 2, ["lr", "finite", "nan"]),
+    ("[cli] train infinite lr", ["train", "--lr", "inf"], 2, ["lr", "finite", "inf"]),
+    ("[cli] train lr 0", ["train", "--lr", "0"], 2, ["lr", "> 0", "0.0"]),
+    ("[cli] train steps 0", ["train", "--steps", "0"], 2, ["steps", ">= 1", "got 0"]),
+    ("[cli] train threads 0", ["train", "--threads", "0"], 2, ["threads", ">= 1", "got 0"]),
+    ("[cli] train resume and restart", ["train", "--resume", "--restart"], 2, ["--resume and --restart", "exclude"]),
+    ("[cli] generate unknown flag", ["generate", "--fast"], 2, ["unrecognized arguments", "--fast"]),
+]
+
+# Damaged data: status 1 and one line. Each case damages the scratch data folder the CLI loads from.
+DATA_CLI_CASES = [
+    ("[file] CLI: tokenizer bad JSON", tokenizer_text("{oops"), ["tang-char.tokenizer.json", "not valid JSON"]),
+    ("[file] CLI: tokenizer without its table", tokenizer_text('{"kind": "char"}'), ["'itos'", "missing"]),
+    ("[file] CLI: tokenizer of another model", tokenizer_text('{"kind": "bpe", "merges": []}'),
+     ["does not belong to tang-char"]),
+    ("[file] CLI: state dict missing a layer", checkpoint_with(model=weights_without("lm_head.weight")),
+     ["do not fit", "missing lm_head.weight"]),
+    ("[file] CLI: config with an unknown key", checkpoint_with(config=config_plus(rope=True)), ["rope"]),
+    ("[file] CLI: manifest sha256 5", manifest_entry({"sha256": 5}), ["MANIFEST.json", "got 5"]),
+    ("[file] CLI: manifest nested", manifest_text("[" * 100000), ["MANIFEST.json", "nested too deeply"]),
+    ("[special] CLI: checkpoint is a FIFO", special("fifo"), ["tang-char.pt", "FIFO"]),
+    ("[special] CLI: checkpoint links to /dev/zero", special("zero"), ["tang-char.pt", "a device"]),
+]
+
+
+@pytest.mark.parametrize("argv, status, fragments", [pytest.param(a, s, f, id=i) for i, a, s, f in MORE_CLI_CASES])
+def test_cli_rejects_hostile_input_with_one_line(cli_world, capsys, argv, status, fragments):
+    test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fragments)
+
+
+@pytest.mark.parametrize("damage, fragments", [pytest.param(d, f, id=i) for i, d, f in DATA_CLI_CASES])
+def test_cli_reports_damaged_data_with_one_line(world, monkeypatch, capsys, damage, fragments):
+    d = data_with(world, damage)
+    monkeypatch.setattr(cli, "_load", lambda name: load_pretrained(name, d))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["generate", "--prompt", "春"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("python -m kvlib generate: error:")
+    expect(lines[0], fragments, world)
+
+
+def test_the_sweep_covers_every_class_with_250_cases():
+    everything = API_CASES + CLI_CASES + WIDGET_CASES + MORE_CASES + MORE_CLI_CASES + DATA_CLI_CASES
+    assert len(everything) >= 250
+    ids = [c[0] for c in everything]
+    assert len(set(ids)) == len(ids), "case ids must be unique"
+    for tag in ("[silent]", "[nan]", "[train]", "[file]", "[special]", "[cli]", "[edge]"):
+        assert sum(tag in i for i in ids) >= 5, tag
+

@@ -219,9 +219,13 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
     grid = np.linspace(0, ns.max(), 100)
     for color, (name, ms) in zip(colors, series.items()):
         degree = 2 if name == baseline else 1
-        fit = np.polyfit(ns, ms, degree)
+        if degree == 2:  # a n + b n^2, through the origin: no tokens, no time (a free constant can dip below 0)
+            coef = np.linalg.lstsq(np.stack([ns, ns**2], 1), ms, rcond=None)[0]
+            curve = coef[0] * grid + coef[1] * grid**2
+        else:
+            curve = np.polyval(np.polyfit(ns, ms, 1), grid)
         ax1.plot(ns, ms, "o", color=color, label=name)
-        ax1.plot(grid, np.polyval(fit, grid), "-", color=color, alpha=0.6,
+        ax1.plot(grid, np.clip(curve, 0, None), "-", color=color, alpha=0.6,  # a time is never negative
                  label="quadratic fit" if degree == 2 else None)
         if name != baseline:
             ax2.plot(ns, series[baseline] / ms, "o-", color=color, label=name)

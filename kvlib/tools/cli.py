@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,serve,train,evaluate,prepare-data}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,train,evaluate,prepare-data}``."""
 from __future__ import annotations
 
 import argparse
@@ -172,6 +172,7 @@ def _generate_batch(args) -> None:
     from ..text import completion, write_ids
     from ..verify import check_batch_consistency, verify_cache
 
+    _check_prompt_text(args.batch_prompts, "--batch-prompts")
     prompts = args.batch_prompts.split("|")
     if not all(prompts):
         raise UsageError(f"--batch-prompts: empty prompt between '|' separators in {args.batch_prompts!r}; "
@@ -243,10 +244,21 @@ def cmd_bench(args) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
 
 
+def cmd_speculate(args) -> None:
+    from .spec_bench import format_report, run_spec_bench
+
+    model, tok = _load("tang-char")
+    report = run_spec_bench(model, tok, new_tokens=args.new_tokens, rounds=args.rounds,
+                            with_transformers=not args.no_transformers, progress=not args.json)
+    print(json.dumps(report, indent=2, ensure_ascii=False, default=str) if args.json else format_report(report))
+
+
 def cmd_serve(args) -> None:
     from .corpus import load_poems
     from .serve_bench import format_report, run_serve_bench
 
+    if not args.rate > 0:  # also refuses nan
+        raise UsageError(f"--rate must be a number of arrivals per second > 0, got {args.rate}")
     model, tok = _load("tang-char")
     report = run_serve_bench(model, tok, load_poems(), n_requests=args.requests, rate=args.rate, seed=args.seed)
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
@@ -380,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("speculate", help="speculative decoding: acceptance, best γ, speed-up per draft")
+    p.add_argument("--new-tokens", type=_at_least_one, default=64)
+    p.add_argument("--rounds", type=_at_least_one, default=3)
+    p.add_argument("--no-transformers", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_speculate)
 
     p = sub.add_parser("train", help="train a model and write it to data/")
     p.add_argument("--model", choices=models, default="tang-char")

@@ -296,7 +296,8 @@ def _result(name: str, requests: list[Request]) -> RunResult:
     return RunResult(name, {}, {r.id: r.arrival for r in requests}, {}, {})
 
 
-def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None, **engine_options) -> RunResult:
+def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None,
+                   **engine_options) -> RunResult:
     """Serve the trace with the :class:`Engine`; ``on_step(engine, record)`` after every step."""
     engine = Engine(model, num_blocks, **engine_options)
     for r in sorted(requests, key=lambda r: r.arrival):

@@ -113,8 +113,7 @@ def test_a_class_shares_the_couplet_and_differs_after_it(shipped_char):
     from kvlib.serving import class_trace
 
     _, tok = shipped_char
-    poems = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。", "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
-             "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。", "千山鸟飞绝，万径人踪灭。孤舟蓑笠翁，独钓寒江雪。"]
+    poems = POEMS[:4]  # the 13th characters: 举, 欲, 夜, 孤
     reqs = class_trace(tok, poems * 2, n_requests=3, answer_tokens=5, gap=0.5)
     prefix = encode_prompt(tok, "床前明月光，疑是地上霜。")
     assert all(r.prompt[:-1] == prefix for r in reqs) and len({r.prompt[-1] for r in reqs}) == 3

@@ -57,6 +57,10 @@ def test_the_command_prints_json(capsys, monkeypatch):
     assert calls == {"n_requests": 3, "rate": 50.0, "seed": 0}
     with pytest.raises(SystemExit):
         cli.main(["serve", "--requests", "0"])
+    for rate in ("0", "-5", "nan"):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["serve", "--rate", rate])
+        assert e.value.code == 2 and "--rate" in capsys.readouterr().err
 
 
 def test_prefix_reports_count_what_the_cache_saves(shipped_char):

@@ -278,12 +278,12 @@ def cmd_prepare_data(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .training import TrainConfig, train
+    from .training import config_for, train
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "threads", "seed")
                  if getattr(args, k) is not None}
     try:
-        cfg = TrainConfig(model=args.model, **overrides)
+        cfg = config_for(args.model, **overrides)
     except ValueError as e:
         raise UsageError(str(e)) from None
     from dataclasses import replace
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_speculate)
 
     p = sub.add_parser("train", help="train a model and write it to data/")
-    p.add_argument("--model", choices=models, default="tang-char")
+    p.add_argument("--model", choices=models + ["tang-char-draft"], default="tang-char")
     p.add_argument("--steps", type=_positive_int)
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--lr", type=_real)

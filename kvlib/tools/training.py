@@ -23,7 +23,17 @@ from .integrity import DATA_DIR, MANIFEST_NAME, record, remove_stale_temporaries
 from .loading import load_tokenizer, save_tokenizer
 
 ROOT = DATA_DIR.parent
-TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer}
+TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer, "tang-char-draft": CharTokenizer}
+# A draft model for speculative decoding must share its target's ids: it reuses the target's shipped
+# tokenizer file (checked against the manifest) instead of building a vocabulary of its own.
+SHARED_TOKENIZER = {"tang-char-draft": "tang-char"}
+# Shapes that differ from TrainConfig's defaults: the draft is one layer, so that a step costs little.
+RECIPES = {"tang-char-draft": {"n_layer": 1}}
+
+
+def config_for(model: str, **overrides) -> "TrainConfig":
+    """The TrainConfig of a model's recipe, with ``overrides`` (e.g. steps) on top."""
+    return TrainConfig(model=model, **{**RECIPES.get(model, {}), **overrides})
 
 
 @dataclass
@@ -107,6 +117,9 @@ def mean_loss(model: GPT, ids: torch.Tensor, batch_size: int = 32, max_batches: 
 
 
 def build_tokenizer(name: str, poems: list[str]):
+    if name in SHARED_TOKENIZER:  # the target's vocabulary, exactly as shipped
+        from .integrity import verified_path
+        return load_tokenizer(verified_path(f"{SHARED_TOKENIZER[name]}.tokenizer.json", DATA_DIR))
     return TOKENIZERS[name].train(poems)
 
 
@@ -341,14 +354,18 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
 def export(model: GPT, tok, cfg: TrainConfig, history: list[dict], metrics: dict, out_dir: Path) -> None:
     """Write the shipped checkpoint, tokenizer, log and loss curve, then their manifest entries."""
     name = cfg.model
-    ckpt = {"config": asdict(model.config), "model": model.state_dict(), "tokenizer": f"{name}.tokenizer.json",
+    tok_name = SHARED_TOKENIZER.get(name, name)  # a draft points at its target's tokenizer file
+    ckpt = {"config": asdict(model.config), "model": model.state_dict(), "tokenizer": f"{tok_name}.tokenizer.json",
             "train_config": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "work_dir")},
             "metrics": metrics}
     buf = io.BytesIO()
     torch.save(ckpt, buf)
-    paths = [out_dir / f"{name}.pt", out_dir / f"{name}.tokenizer.json", out_dir / f"{name}.log.json"]
+    paths = [out_dir / f"{name}.pt", out_dir / f"{tok_name}.tokenizer.json", out_dir / f"{name}.log.json"]
     write_bytes(paths[0], buf.getvalue())
-    save_tokenizer(tok, paths[1])
+    if name in SHARED_TOKENIZER and out_dir.resolve() == DATA_DIR.resolve():
+        paths.pop(1)  # the shared file is already shipped and in the manifest: leave it untouched
+    else:
+        save_tokenizer(tok, paths[1])
     write_json(paths[2], {"metrics": metrics, "history": history})
     # The one picture a tool draws: imported here, so that tools never load matplotlib otherwise.
     from ..notebook.plots import plot_loss_curve

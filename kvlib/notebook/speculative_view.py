@@ -1,0 +1,138 @@
+"""Notebook 8's round-by-round view: a :class:`~kvlib.speculative.SpeculativeDecoder` on screen.
+
+Each round is one line: the draft's guesses, green where the target kept them and struck through
+in red where it did not (and after, unjudged), then the target's own token, orange when it
+corrects a guess and blue when it is the bonus after γ kept guesses. Above the rounds: the text so
+far and the running acceptance rate α. ``step_button.click()`` works without a browser.
+"""
+from __future__ import annotations
+
+import html
+
+import torch
+
+from ..speculative import Draft, Round, SpeculativeDecoder
+from ..tokenizer import UnknownCharacterError
+from ..text import encode_prompt
+from .show import HIGHLIGHT_COLOR, LiveWidget, html_label, message_html, unknown_message
+
+KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
+STYLES = {"kept": f"background:#e3f2e1;color:{KEPT}", "rejected": f"color:{REJECTED};text-decoration:line-through",
+          "correction": f"background:#fbe3d3;color:{HIGHLIGHT_COLOR};font-weight:700",
+          "bonus": f"background:#dde8f7;color:{BONUS};font-weight:700"}
+
+
+def _span(token: str, kind: str) -> str:
+    return (f'<span class="spec-{kind}" style="{STYLES[kind]};font-size:20px;padding:0 2px;'
+            f'margin-right:1px">{html_label(token)}</span>')
+
+
+def round_html(tokenizer, r: Round, number: int) -> str:
+    """One round as a line of coloured tokens."""
+    parts = [_span(tokenizer.decode([t]), "kept" if i < r.accepted else "rejected") for i, t in enumerate(r.drafted)]
+    parts.append(" → " + _span(tokenizer.decode([r.token]), "bonus" if r.bonus else "correction"))
+    verdict = (f"all {len(r.drafted)} kept, plus the bonus" if r.bonus and r.drafted else
+               "no guess (the block is nearly full)" if not r.drafted else
+               f"{r.accepted} of {len(r.drafted)} kept, then the target's own token")
+    return (f'<div style="font-family:sans-serif;margin:2px 0"><span style="display:inline-block;width:80px;'
+            f'color:#777">round {number}</span>{"".join(parts)} <span style="color:#777;font-size:13px">'
+            f"{verdict}</span></div>")
+
+
+def legend_html() -> str:
+    return ('<div style="font-size:13px;font-family:sans-serif;margin:4px 0">'
+            + " ".join(f'{_span(label, kind)} {kind}' for label, kind in
+                       (("字", "kept"), ("字", "rejected"), ("字", "correction"), ("字", "bonus")))
+            + "</div>")
+
+
+class SpeculativeView:
+    """A prompt box, a draft menu, a γ slider and Round / Reset buttons around a speculative decoder.
+
+    ``widget`` is the ipywidgets box; ``decoder`` the current :class:`SpeculativeDecoder` (None while
+    the prompt is invalid). Greedy, so the text is exactly the target's own greedy text. The view
+    starts after ``start_rounds`` rounds, so that its default state already shows some.
+    """
+
+    def __init__(self, model, tokenizer, drafts: dict[str, Draft], prompt: str = "床前明月光，", *,
+                 gamma: int = 4, max_new_tokens: int = 48, start_rounds: int = 3):
+        import ipywidgets as w
+
+        if not drafts:
+            raise ValueError("drafts must name at least one draft, e.g. {'n-gram': NgramDraft(...)}")
+        self.model, self.tokenizer, self.drafts = model, tokenizer, drafts
+        self.max_new_tokens, self.start_rounds = max_new_tokens, start_rounds
+        self.prompt_box = w.Text(value=prompt, description="prompt")
+        self.draft_menu = w.Dropdown(options=list(drafts), value=next(iter(drafts)), description="draft")
+        self.gamma = w.IntSlider(value=gamma, min=1, max=8, description="γ", continuous_update=False)
+        self.step_button = w.Button(description="Round", button_style="primary", icon="forward")
+        self.reset_button = w.Button(description="Reset", icon="refresh")
+        self.output = w.HTML()
+        self.step_button.on_click(lambda _: self.step())
+        self.reset_button.on_click(lambda _: self.restart())
+        for control in (self.prompt_box, self.draft_menu, self.gamma):
+            control.observe(lambda _: self.restart(), names="value")
+        self.widget = w.VBox([w.HBox([self.prompt_box, self.draft_menu]),
+                              w.HBox([self.gamma, self.step_button, self.reset_button]), self.output])
+        self.decoder: SpeculativeDecoder | None = None
+        self.restart()
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    def restart(self) -> None:
+        try:
+            ids = encode_prompt(self.tokenizer, self.prompt_box.value)
+        except UnknownCharacterError as e:
+            self.decoder = None
+            self.step_button.disabled = True
+            self.output.value = message_html(unknown_message(e))
+            return
+        self.decoder = SpeculativeDecoder(self.model, self.drafts[self.draft_menu.value], torch.tensor([ids]),
+                                          self.max_new_tokens, gamma=self.gamma.value)
+        for _ in range(self.start_rounds):
+            if not self.decoder.done:
+                self.decoder.round()
+        self.refresh()
+
+    def step(self) -> None:
+        if self.decoder is None or self.decoder.done:
+            return
+        self.decoder.round()
+        self.refresh()
+
+    @property
+    def alpha(self) -> float:
+        return self.decoder.result().alpha if self.decoder is not None else float("nan")
+
+    def summary(self) -> str:
+        d = self.decoder
+        if d is None:
+            return "no decoder: fix the prompt"
+        res = d.result()
+        return (f"{len(d.rounds)} rounds, {d.n_new} tokens ({res.tokens_per_call:.2f} per target call), "
+                f"α = {res.accepted}/{res.judged} = {res.alpha:.2f}")
+
+    # ---- drawing --------------------------------------------------------------------------------
+
+    def html(self) -> str:
+        d = self.decoder
+        if d is None:
+            return self.output.value
+        tok = self.tokenizer
+        prompt = html.escape(tok.decode(d.tokens[1:d.prompt_length])).replace("\n", "⏎")
+        new = html.escape(tok.decode(d.tokens[d.prompt_length:])).replace("\n", "⏎")
+        done = f" — stopped: {d.stop_reason}; press Reset" if d.done else ""
+        rounds = "".join(round_html(tok, r, i + 1) for i, r in enumerate(d.rounds)) or \
+            '<div style="color:#777">press Round to let the draft guess</div>'
+        return (f'<div style="font-family:sans-serif"><div style="font-size:20px;margin:4px 0">'
+                f'<span style="color:#777">{prompt}</span>{new}</div>'
+                f'<div style="font-size:15px;margin-bottom:4px">draft <b>{html.escape(self.draft_menu.value)}</b>, '
+                f"γ = {d.gamma}: {html.escape(self.summary())}{done}</div>{legend_html()}{rounds}</div>")
+
+    def refresh(self) -> None:
+        self.step_button.disabled = self.decoder is None or self.decoder.done
+        self.output.value = self.html()
+
+    def show(self) -> LiveWidget:
+        """The live widget, carrying a static HTML copy of its current state for readers without a kernel."""
+        return LiveWidget(self.widget, self.html())

@@ -1,0 +1,344 @@
+"""Measuring speculative decoding: acceptance, tokens per target call, time per token, best γ.
+
+``run_spec_bench`` is what ``python -m kvlib speculate`` prints. For each draft and γ = 1 … 8 it
+decodes the same prompts greedily with ``speculative_generate`` and with plain ``generate`` (the
+fast path), side by side in one run, checks that the tokens are the same, and reports
+
+- α, the share of drafted tokens the target kept, and the tokens per target call next to
+  (1 − α^(γ+1)) / (1 − α), which assumes each guess is kept independently with probability α;
+- time per token, the best γ and the speed-up over plain greedy;
+- the cost of one draft step and of one verify pass of γ + 1 tokens, which with α explain the speed-up;
+- transformers' assisted generation (and prompt lookup) with the same weights, when installed.
+
+It also holds the two statistics of notebook 8's sampling check (total variation, a chi-square
+homogeneity test) and the corpus n-gram draft. Tests check the report's structure, never its timings.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ..decoding import generate
+from ..fast import FastDecoder
+from ..model import GPT
+from ..speculative import (Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate,
+                           verify_logits)
+from ..text import encode_prompt
+from .bench import to_transformers, transformers_available
+
+GAMMAS = tuple(range(1, 9))
+TARGET_SPEEDUP = 1.3
+PROMPT_CHARS = (2, 5, 7, 12)  # prompts: the first characters of validation poems
+
+
+# ---- statistics -----------------------------------------------------------------------------------
+
+def total_variation(a, b) -> float:
+    """Half the L1 distance between two distributions, given as counts or probabilities."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return 0.5 * float((a / a.sum() - b / b.sum()).abs().sum())
+
+
+def chi_square_homogeneity(a, b, min_expected: float = 5.0) -> float:
+    """p-value of Pearson's test that two count vectors come from one distribution.
+
+    Cells expected to hold fewer than ``min_expected`` counts in either sample are pooled into one.
+    """
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    A, B = float(a.sum()), float(b.sum())
+    n = a + b
+    big = (n * min(A, B) / (A + B)) >= min_expected
+    rows_a = torch.cat([a[big], a[~big].sum()[None]]) if (~big).any() else a[big]
+    rows_b = torch.cat([b[big], b[~big].sum()[None]]) if (~big).any() else b[big]
+    n = rows_a + rows_b
+    keep = n > 0
+    rows_a, rows_b, n = rows_a[keep], rows_b[keep], n[keep]
+    if len(n) < 2:
+        return 1.0
+    ea, eb = n * A / (A + B), n * B / (A + B)
+    stat = float(((rows_a - ea) ** 2 / ea + (rows_b - eb) ** 2 / eb).sum())
+    df = len(n) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+# ---- the drafts -----------------------------------------------------------------------------------
+
+_ngram_drafts: dict[int, NgramDraft] = {}
+
+
+def corpus_ids(tokenizer, poems: list[str]) -> torch.Tensor:
+    """``tokenizer.encode_corpus(poems)`` as a tensor; for the char tokenizer by a code-point table (fast)."""
+    itos = getattr(tokenizer, "itos", None)
+    if getattr(tokenizer, "kind", None) != "char" or itos is None:
+        return torch.tensor(tokenizer.encode_corpus(poems), dtype=torch.long)
+    text = "".join("\n" + p for p in poems)  # the separator before every poem, as encode_corpus
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    table = np.full(int(points.max()) + 1, tokenizer.unk_id, dtype=np.int64)
+    for i, ch in enumerate(itos):
+        if len(ch) == 1 and ord(ch) < len(table):
+            table[ord(ch)] = i
+    table[ord("\n")] = tokenizer.eos_id
+    return torch.from_numpy(table[points])
+
+
+def corpus_ngram_draft(tokenizer) -> NgramDraft:
+    """The n-gram draft of the training split's counts (built once per process, a few seconds)."""
+    from .corpus import load_poems, split
+
+    key = tokenizer.vocab_size
+    if key not in _ngram_drafts:
+        train, _ = split(load_poems())
+        _ngram_drafts[key] = NgramDraft.from_ids(corpus_ids(tokenizer, train), tokenizer.vocab_size)
+    return _ngram_drafts[key]
+
+
+def load_drafts(tokenizer) -> dict[str, Draft]:
+    """The drafts compared: corpus counts, counts plus look-up in the text so far, the shipped network."""
+    from . import integrity
+    from .loading import load_pretrained
+
+    ngram = corpus_ngram_draft(tokenizer)
+    drafts: dict[str, Draft] = {"n-gram": ngram, "n-gram + lookup": ngram.with_lookup()}
+    if "tang-char-draft.pt" in integrity.read_manifest():
+        small, _ = load_pretrained("tang-char-draft")
+        drafts["neural"] = NeuralDraft(small, name="neural")
+    return drafts
+
+
+def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
+    """``n`` prompts (1, T): the first 2, 5, 7, 12 … characters of validation poems."""
+    from .corpus import load_poems, split
+
+    _, val = split(load_poems())
+    return [torch.tensor([encode_prompt(tokenizer, poem[:PROMPT_CHARS[i % len(PROMPT_CHARS)]])])
+            for i, poem in enumerate(val[:n])]
+
+
+# ---- costs of the pieces --------------------------------------------------------------------------
+
+def _median_us(fn, repeats: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+@torch.inference_mode()
+def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats: int = 30) -> dict:
+    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, one guess of each draft."""
+    context = min(context, model.config.block_size - 9)  # room for the longest verify pass
+    dec = FastDecoder(model, 1)
+    dec(torch.zeros(1, context, dtype=torch.long))
+    one = torch.zeros(1, 1, dtype=torch.long)
+
+    def step():
+        dec.cache.length = context
+        dec(one)
+
+    def verify(T):
+        chunk = torch.zeros(1, T, dtype=torch.long)
+
+        def run():
+            dec.cache.length = context
+            verify_logits(dec, chunk)
+        return run
+
+    tokens = list(range(1, context + 1))
+    guesses = {}
+    for name, d in drafts.items():
+        d.propose(tokens, 1)
+        # One more guess after the tokens so far costs one feed and one pick: propose γ = 2, minus γ = 1.
+        g2 = _median_us(lambda d=d: d.propose(tokens, 2), repeats)
+        g1 = _median_us(lambda d=d: d.propose(tokens, 1), repeats)
+        guesses[name] = max(g2 - g1, 0.0)
+    return {"step_us": _median_us(step, repeats),
+            "verify_us": {T: _median_us(verify(T), repeats) for T in range(1, 10)},
+            "guess_us": guesses}
+
+
+# ---- the benchmark --------------------------------------------------------------------------------
+
+def _hf_assisted(hf, hf_draft, idx, n, gamma):
+    kwargs = dict(attention_mask=torch.ones_like(idx), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                  pad_token_id=0)
+    with torch.inference_mode():
+        if hf_draft is None:
+            return hf.generate(idx, prompt_lookup_num_tokens=gamma, **kwargs)
+        hf_draft.generation_config.num_assistant_tokens = gamma
+        hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+        return hf.generate(idx, assistant_model=hf_draft, **kwargs)
+
+
+def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None, prompts=None, *,
+                   gammas=GAMMAS, new_tokens: int = 64, rounds: int = 3, with_transformers: bool = True,
+                   progress: bool = True) -> dict:
+    """Greedy speculative decoding against plain greedy ``generate``, for every draft and γ, side by side.
+
+    Each round times plain decoding of every prompt, then every (draft, γ), so a change in the
+    machine's load hits all alike; times are medians over rounds of the summed time of all prompts.
+    """
+    from tqdm.auto import tqdm
+    import sys
+
+    model.eval()
+    drafts = load_drafts(tokenizer) if drafts is None else drafts
+    prompts = bench_prompts(tokenizer) if prompts is None else prompts
+    for idx in prompts:
+        if idx.shape[1] + new_tokens > model.config.block_size + 1:
+            raise ValueError(f"a {idx.shape[1]}-token prompt and {new_tokens} new tokens do not fit the block "
+                             f"of {model.config.block_size}")
+    total = sum(min(new_tokens, model.config.block_size - p.shape[1] + 1) for p in prompts)
+    reference = [generate(model, idx, new_tokens, temperature=0.0).tokens for idx in prompts]
+
+    def plain():
+        for idx in prompts:
+            generate(model, idx, new_tokens, temperature=0.0)
+
+    def spec(d, g):
+        return [speculative_generate(model, d, idx, new_tokens, gamma=g) for idx in prompts]
+
+    keys = [(name, g) for name in drafts for g in gammas]
+    stats, same = {}, {}
+    times: dict = {key: [] for key in ["plain"] + keys}
+    bar = tqdm(total=rounds * len(times), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
+    for r in range(rounds):
+        for key in times:
+            t0 = time.perf_counter()
+            results = plain() if key == "plain" else spec(drafts[key[0]], key[1])
+            times[key].append(time.perf_counter() - t0)
+            bar.update()
+            if r == 0 and key != "plain":  # the counts are the same every round: take them from the first
+                judged = sum(res.judged for res in results)
+                alpha = sum(res.accepted for res in results) / max(1, judged)
+                calls = sum(len(res.rounds) for res in results)
+                stats[key] = {"alpha": alpha, "tokens_per_call": total / calls,
+                              "formula": expected_tokens_per_round(alpha, key[1])}
+                same[key] = all(torch.equal(res.tokens, ref) for res, ref in zip(results, reference))
+    bar.close()
+    plain_us = statistics.median(times["plain"]) / total * 1e6
+    costs = piece_costs(model, drafts)
+
+    report_drafts = {}
+    for name in drafts:
+        per_gamma = []
+        for g in gammas:
+            us = statistics.median(times[name, g]) / total * 1e6
+            s = stats[name, g]
+            # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
+            model_us = (g * costs["guess_us"][name] + costs["verify_us"][min(g + 1, 9)]) / s["tokens_per_call"]
+            per_gamma.append({"gamma": g, **s, "us_per_token": us, "speedup": plain_us / us,
+                              "modelled_us_per_token": model_us, "same_tokens": same[name, g]})
+        best = min(per_gamma, key=lambda r: r["us_per_token"])
+        report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"]}
+    better = max(report_drafts, key=lambda n: report_drafts[n]["best_speedup"])
+
+    hf_info = {"installed": transformers_available(), "used": False}
+    if with_transformers and hf_info["installed"]:
+        hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total))
+
+    return {
+        "machine": _machine_info(),
+        "model": {"n_layer": model.config.n_layer, "parameters": model.num_params()},
+        "drafts": {name: _describe(d) for name, d in drafts.items()},
+        "prompts": [tokenizer.decode(p[0, 1:].tolist()) for p in prompts],
+        "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas),
+        "plain_us_per_token": plain_us,
+        "costs": costs,
+        "results": report_drafts,
+        "better_draft": better,
+        "target_speedup": TARGET_SPEEDUP,
+        "target_met": report_drafts[better]["best_speedup"] >= TARGET_SPEEDUP,
+        "transformers": hf_info,
+    }
+
+
+def _describe(d: Draft) -> dict:
+    if isinstance(d, NeuralDraft):
+        c = d.model.config
+        return {"kind": "neural", "n_layer": c.n_layer, "n_embd": c.n_embd, "parameters": d.model.num_params(),
+                "val_loss_per_token": getattr(d.model, "metrics", {}).get("val_loss_per_token")}
+    if isinstance(d, NgramDraft):
+        return {"kind": "n-gram", "lookup": d.lookup, "trigram_contexts": len(d.trigram), "bigram_contexts": len(d.bigram)}
+    return {"kind": type(d).__name__}
+
+
+def _machine_info() -> dict:
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total) -> dict:
+    """transformers' assisted generation with the neural draft, and its prompt lookup, at each best γ."""
+    hf = to_transformers(model)
+    rows = {}
+    plain_hf = []
+    for idx in prompts:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        plain_hf.append(time.perf_counter() - t0)
+    cases = []
+    if "neural" in drafts:
+        cases.append(("assisted (neural draft)", to_transformers(drafts["neural"].model),
+                      report_drafts["neural"]["best_gamma"]))
+    if "n-gram + lookup" in drafts:
+        cases.append(("prompt lookup", None, report_drafts["n-gram + lookup"]["best_gamma"]))
+    for name, hf_draft, g in cases:
+        try:
+            secs, equal = [], True
+            for idx, ref in zip(prompts, reference):
+                _hf_assisted(hf, hf_draft, idx, new_tokens, g)  # warm-up
+                t0 = time.perf_counter()
+                out = _hf_assisted(hf, hf_draft, idx, new_tokens, g)
+                secs.append(time.perf_counter() - t0)
+                equal &= bool(torch.equal(out[:, : ref.shape[1]], ref))
+            rows[name] = {"gamma": g, "us_per_token": sum(secs) / total * 1e6, "same_tokens": equal}
+        except Exception as e:  # an API change in transformers: reported, not fatal
+            rows[name] = {"gamma": g, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    import transformers
+
+    return {"used": True, "version": transformers.__version__,
+            "plain_us_per_token": sum(plain_hf) / total * 1e6, "rows": rows}
+
+
+def format_report(report: dict) -> str:
+    """The report as text tables."""
+    lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
+             f"medians of {report['rounds']} rounds, side by side",
+             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} us/token",
+             ""]
+    c = report["costs"]
+    lines.append(f"costs: decode step {c['step_us']:.0f} us; verify pass of T tokens: "
+                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " us")
+    lines.append("       one guess: " + ", ".join(f"{n} {us:.0f} us" for n, us in c["guess_us"].items()))
+    for name, res in report["results"].items():
+        lines += ["", f"draft: {name} {report['drafts'][name]}",
+                  f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'us/tok':>7s} {'model':>7s} "
+                  f"{'speed-up':>8s} same tokens"]
+        for r in res["rows"]:
+            lines.append(f"  {r['gamma']:2d} {r['alpha']:6.3f} {r['tokens_per_call']:8.2f} {r['formula']:8.2f} "
+                         f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['speedup']:7.2f}x "
+                         f"{r['same_tokens']}")
+        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy")
+    better = report["better_draft"]
+    lines += ["", f"better draft: {better}, {report['results'][better]['best_speedup']:.2f}x; target >= "
+                  f"{report['target_speedup']}x: {'met' if report['target_met'] else 'NOT met'} in this run"]
+    hf = report["transformers"]
+    if hf.get("used"):
+        lines.append(f"transformers {hf['version']}: plain generate {hf['plain_us_per_token']:.0f} us/token")
+        for name, r in hf["rows"].items():
+            lines.append(f"  {name}, γ = {r['gamma']}: " + (r["error"] if "error" in r else
+                         f"{r['us_per_token']:.0f} us/token, same tokens {r['same_tokens']}"))
+    else:
+        lines.append("transformers: " + ("not measured" if hf["installed"] else "not installed"))
+    return "\n".join(lines)

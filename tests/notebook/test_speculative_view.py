@@ -1,0 +1,58 @@
+"""Notebook 8's round-by-round view: rounds, colours, α, reset, bad prompts, the static copy."""
+import torch
+
+from kvlib.decoding import generate
+from kvlib.notebook.show import LiveWidget
+from kvlib.notebook.speculative_view import SpeculativeView, round_html
+from kvlib.speculative import NeuralDraft, NgramDraft, Round
+from kvlib.text import encode_prompt
+from kvlib.tools.spec_bench import corpus_ids
+
+
+def small_drafts(model, tok):
+    from kvlib.tools.corpus import load_poems, split
+
+    ids = corpus_ids(tok, split(load_poems())[0][:2000])
+    ngram = NgramDraft.from_ids(ids, tok.vocab_size)
+    return {"n-gram + lookup": ngram.with_lookup(), "self": NeuralDraft(model, name="self")}
+
+
+def test_rounds_step_colour_and_reset(char):
+    model, tok = char
+    view = SpeculativeView(model, tok, small_drafts(model, tok), "白日依山尽，", gamma=3, max_new_tokens=24,
+                           start_rounds=2)
+    d = view.decoder
+    assert len(d.rounds) == 2 and "round 2" in view.output.value and "round 3" not in view.output.value
+    view.step_button.click()
+    assert len(view.decoder.rounds) == 3 and "round 3" in view.output.value
+    assert "α = " in view.output.value and 0 <= view.alpha <= 1
+    while not view.step_button.disabled:
+        view.step_button.click()
+    want = generate(model, torch.tensor([encode_prompt(tok, "白日依山尽，")]), 24, temperature=0.0)
+    assert view.decoder.tokens == want.tokens[0].tolist()         # greedy: the target's own text
+    assert "stopped: max_new_tokens" in view.output.value
+    view.draft_menu.value = "self"                                 # the target as its own draft: all kept
+    assert len(view.decoder.rounds) == 2 and view.alpha == 1.0 and "spec-bonus" in view.output.value
+    view.gamma.value = 5
+    assert view.decoder.gamma == 5
+    view.reset_button.click()
+    assert len(view.decoder.rounds) == 2
+    assert isinstance(view.show(), LiveWidget) and "round 1" in view.show().static_html
+
+
+def test_bad_prompt_disables_the_button(char):
+    model, tok = char
+    view = SpeculativeView(model, tok, small_drafts(model, tok), start_rounds=0)
+    assert "press Round" in view.output.value
+    view.prompt_box.value = "猫a"
+    assert view.decoder is None and view.step_button.disabled and "does not know" in view.output.value
+    view.step()  # a click that reaches Python although the button is disabled
+    assert view.summary() == "no decoder: fix the prompt"
+
+
+def test_round_colours(char):
+    _, tok = char
+    ids = tok.encode("春风花")
+    line = round_html(tok, Round(ids, 1, ids[0]), 1)
+    assert line.count("spec-kept") == 1 and line.count("spec-rejected") == 2 and "spec-correction" in line
+    assert "spec-bonus" in round_html(tok, Round(ids[:2], 2, ids[2]), 2)

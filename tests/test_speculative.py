@@ -1,0 +1,210 @@
+"""Speculative decoding changes nothing but the speed: greedy tokens equal ``generate``'s, sampled
+tokens follow the target's distribution, and the verify pass computes what ``GPT.forward`` computes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib.checks import ContextLimitError
+from kvlib.decoding import generate
+from kvlib.fast import FastDecoder
+from kvlib.model import GPT, GPTConfig
+from kvlib.sampling import probabilities
+from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
+                               accept_sampled, expected_tokens_per_round, speculative_generate, verify_logits)
+from kvlib.tools.spec_bench import chi_square_homogeneity, total_variation
+
+TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)  # as conftest's tiny_gpt
+V = TINY_SHAPE.vocab_size
+
+
+def seeded_gpt(config: GPTConfig, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(config).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return seeded_gpt(TINY_SHAPE, seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    """A one-layer network, the target itself (every guess right), and corpus counts of its own text."""
+    small = seeded_gpt(GPTConfig(vocab_size=V, block_size=16, n_layer=1, n_head=2, n_embd=16), seed=1)
+    text = generate(target, torch.arange(V)[:, None] % V, 15, temperature=1.0,
+                    generator=torch.Generator().manual_seed(0)).tokens.flatten()
+    return {"neural": NeuralDraft(small), "self": NeuralDraft(target, name="self"),
+            "n-gram": NgramDraft.from_ids(text, V), "lookup": NgramDraft.from_ids(text, V).with_lookup()}
+
+
+def prompts(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 16, (n,), generator=g).tolist()  # up to the block (16): context limits too
+    return [torch.randint(V, (1, L), generator=g) for L in lengths]
+
+
+def test_verify_pass_equals_the_teaching_forward(target):
+    dec, cache = FastDecoder(target, 1), target.new_cache(1)
+    with torch.inference_mode():
+        for chunk in ([[3, 1, 4, 1, 5]], [[9]], [[2, 6, 5]], [[3, 5, 8, 9, 7, 9]]):
+            idx = torch.tensor(chunk)
+            fast = verify_logits(dec, idx)
+            plain, _ = target(idx, cache=cache)
+            assert fast.shape == (len(chunk[0]), V)
+            assert (fast - plain[0]).abs().max().item() < 1e-4
+            assert dec.cache.length == cache.length
+        with pytest.raises(ContextLimitError, match="cache holds 16"):
+            verify_logits(dec, torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_verify_pass_on_the_shipped_shape(random_gpt):
+    dec, cache = FastDecoder(random_gpt, 1), random_gpt.new_cache(1)
+    with torch.inference_mode():
+        for chunk in (list(range(7)), [11, 12, 13, 14, 15]):
+            idx = torch.tensor([chunk])
+            assert (verify_logits(dec, idx) - random_gpt(idx, cache=cache)[0][0]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["neural", "self", "n-gram", "lookup"])
+def test_greedy_tokens_equal_generate_on_50_prompts(target, drafts, name):
+    draft, mismatches, reasons = drafts[name], [], set()
+    for i, idx in enumerate(prompts(50)):
+        gamma, eos = 1 + i % 6, (i % 7 if i % 3 == 0 else None)   # every γ, with and without a stop token
+        n = 3 + i % 17                                            # some runs reach the block, some stop before
+        want = generate(target, idx, n, temperature=0.0, eos_id=eos)
+        got = speculative_generate(target, draft, idx, n, gamma=gamma, eos_id=eos)
+        reasons.add(got.stop_reason)
+        if not (torch.equal(got.tokens, want.tokens) and got.stop_reason == want.stop_reason
+                and torch.equal(got.finished, want.finished)):
+            mismatches.append((i, got.tokens.tolist(), want.tokens.tolist()))
+    assert not mismatches, mismatches[:3]
+    assert reasons == {"max_new_tokens", "eos", "context_limit"}
+
+
+def test_greedy_on_the_shipped_model_with_corpus_counts(shipped_char):
+    from kvlib.text import encode_prompt
+    from kvlib.tools.corpus import load_poems, split
+
+    model, tok = shipped_char
+    train, val = split(load_poems())
+    ngram = NgramDraft.from_ids(tok.encode_corpus(train[:3000]), tok.vocab_size).with_lookup()
+    for text in [p[:n] for p, n in zip(val[:6], (1, 2, 5, 6, 10, 12))]:
+        idx = torch.tensor([encode_prompt(tok, text)])
+        want = generate(model, idx, 40, temperature=0.0, eos_id=tok.eos_id)
+        got = speculative_generate(model, ngram, idx, 40, gamma=4, eos_id=tok.eos_id)
+        assert torch.equal(got.tokens, want.tokens), text
+
+
+def test_every_guess_right_gives_gamma_plus_one_tokens_a_round(target, drafts):
+    got = speculative_generate(target, drafts["self"], torch.tensor([[1, 2]]), 14, gamma=3)
+    assert got.alpha == 1.0 and all(r.bonus for r in got.rounds)
+    assert [len(r.drafted) for r in got.rounds] == [3, 3, 3, 1] and got.tokens_per_call == 14 / 4
+
+
+def test_rounds_add_up_and_the_cache_rolls_back(target, drafts):
+    dec = SpeculativeDecoder(target, drafts["neural"], torch.tensor([[5, 6, 7]]), 12, gamma=4)
+    while not dec.done:
+        before = len(dec.tokens)
+        r = dec.round()
+        assert isinstance(r, Round) and 0 <= r.accepted <= len(r.drafted) <= 4
+        assert len(dec.tokens) - before == min(r.accepted + 1, 12 - (before - 3))
+        assert dec.target.cache.length == len(dec.tokens) - 1  # every token but the last
+    res = dec.result()
+    assert res.drafted == sum(len(r.drafted) for r in res.rounds) and 0 <= res.alpha <= 1
+    with pytest.raises(RuntimeError, match="stopped"):
+        dec.round()
+
+
+def test_context_limit_raises_like_generate(target, drafts):
+    idx = torch.zeros(1, 10, dtype=torch.long)
+    res = speculative_generate(target, drafts["n-gram"], idx, 50, gamma=4)
+    assert res.stop_reason == "context_limit" and res.new_tokens.shape[1] == 7
+    with pytest.raises(ContextLimitError, match="at most 7 new tokens fit"):
+        speculative_generate(target, drafts["n-gram"], idx, 50, on_context_limit="raise")
+    assert speculative_generate(target, drafts["n-gram"], idx, 0).new_tokens.shape == (1, 0)
+
+
+def test_bad_input_names_the_parameter(target, drafts):
+    idx = torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match="gamma must be a positive int, got 0"):
+        speculative_generate(target, drafts["n-gram"], idx, 4, gamma=0)
+    with pytest.raises(ValueError, match="batch size 1"):
+        speculative_generate(target, drafts["n-gram"], torch.zeros(2, 3, dtype=torch.long), 4)
+    with pytest.raises(TypeError, match="draft must be"):
+        speculative_generate(target, "bigram", idx, 4)
+    with pytest.raises(ValueError, match="temperature"):
+        speculative_generate(target, drafts["n-gram"], idx, 4, temperature=-1.0)
+    with pytest.raises(ValueError, match="on_context_limit"):
+        speculative_generate(target, drafts["n-gram"], idx, 4, on_context_limit="crop")
+    with pytest.raises(ValueError, match="ids must be token ids"):
+        NgramDraft.from_ids([1, 2, 99], 10)
+    with pytest.raises(NotImplementedError):
+        Draft().propose([1], 2)
+
+
+def test_ngram_tables_keep_the_most_frequent_follower():
+    ids = [0, 1, 2, 0, 1, 2, 0, 1, 3, 4, 1, 3, 4, 1, 3]
+    d = NgramDraft.from_ids(ids, 5)
+    assert d.next_token(0, 1) == 2      # after 0, 1: 2 twice, 3 once
+    assert d.next_token(4, 1) == 3
+    assert d.next_token(None, 1) == 3   # after 1: 3 three times, 2 twice
+    assert d.next_token(3, 3) == d.bigram[3] == 4  # an unseen pair falls back to the last token
+    assert d.propose([0, 1], 3)[0] == [2, 0, 1]
+    assert NgramDraft.copied([5, 6, 7, 8, 5, 6]) == 7 and NgramDraft.copied([5, 6]) is None
+    assert d.with_lookup().propose([4, 4, 0, 4, 4], 2)[0] == [0, 4]  # copied from the text, not the corpus
+
+
+def test_greedy_rule_and_the_formula():
+    logits = torch.tensor([[0.0, 3, 1], [2, 0, 1], [0, 0, 5]])  # argmax after each prefix: 1, 0, 2
+    assert accept_greedy([1, 0], logits) == (2, 2)   # both kept, then the bonus
+    assert accept_greedy([1, 2], logits) == (1, 0)   # the second replaced by the target's 0
+    assert accept_greedy([], logits[:1]) == (0, 1)
+    assert expected_tokens_per_round(0.0, 4) == 1.0 and expected_tokens_per_round(1.0, 4) == 5.0
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)
+
+
+def test_the_rejection_rule_gives_exactly_p():
+    """One drafted token d ~ q, kept with probability min(1, p/q), else a draw from (p − q)+."""
+    p = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.0, 0.2])
+    q = torch.tensor([0.3, 0.1, 0.1, 0.1, 0.3, 0.1])
+    g = torch.Generator().manual_seed(0)
+    n = 8000
+    out = torch.zeros(len(p))
+    for _ in range(n):
+        d = int(torch.multinomial(q, 1, generator=g))
+        kept, t = accept_sampled([d], q[None], torch.stack([p, p]), g)
+        out[d if kept else t] += 1                           # when d is kept, t is the bonus after it
+    direct = torch.bincount(torch.multinomial(p, n, replacement=True, generator=g), minlength=len(p)).float()
+    assert out[4] == 0                                       # a token the target never writes
+    assert chi_square_homogeneity(out, direct) > 1e-3
+    assert total_variation(out, direct) < 0.02
+
+
+def test_sampled_first_tokens_follow_the_target(target, drafts):
+    """Many seeded runs: the first three tokens are as close to plain sampling as plain sampling to itself."""
+    idx, runs = torch.tensor([[3, 9]]), 800
+    spec, plain, plain2 = (torch.zeros(3, V) for _ in range(3))
+    for s in range(runs):
+        for counts, make in ((spec, "spec"), (plain, "plain"), (plain2, "plain2")):
+            g = torch.Generator().manual_seed(s if make != "plain2" else runs + s)
+            if make == "spec":
+                new = speculative_generate(target, drafts["neural"], idx, 3, gamma=2, temperature=1.0,
+                                           generator=g).new_tokens[0]
+            else:
+                new = generate(target, idx, 3, temperature=1.0, generator=g).new_tokens[0]
+            counts[torch.arange(3), new] += 1
+    for pos in range(3):
+        tv_spec, tv_plain = total_variation(spec[pos], plain[pos]), total_variation(plain2[pos], plain[pos])
+        assert chi_square_homogeneity(spec[pos], plain[pos]) > 1e-3, pos
+        assert tv_spec < 1.5 * tv_plain + 0.02, (pos, tv_spec, tv_plain)
+
+
+def test_sampled_drafts_come_with_their_distributions(target, drafts):
+    g = torch.Generator().manual_seed(0)
+    tokens, q = drafts["neural"].propose([1, 2, 3], 3, (0.8, 10, None), g)
+    assert len(tokens) == 3 and q.shape == (3, V)
+    assert torch.allclose(q.sum(-1), torch.ones(3)) and all(q[i, t] > 0 for i, t in enumerate(tokens))
+    assert (q > 0).sum(-1).max() <= 10  # top-k applied to the draft as to the target
+    assert drafts["n-gram"].propose([1, 2, 3], 3, (0.8, None, None), g)[1] is None

@@ -1,0 +1,69 @@
+"""The speculative-decoding benchmark: the report's structure (never its timings) and its statistics."""
+import json
+
+import pytest
+import torch
+
+from kvlib.model import GPT, GPTConfig
+from kvlib.speculative import NeuralDraft, NgramDraft
+from kvlib.tools import spec_bench
+from kvlib.tools.cli import build_parser
+
+
+def seeded(config, seed):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(config).eval()
+
+
+class Tok:
+    """Enough of a tokenizer for the report: decode."""
+    vocab_size = 64
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def test_report_structure_and_text():
+    target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32), 0)
+    small = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 1)
+    ids = torch.randint(64, (500,), generator=torch.Generator().manual_seed(0))
+    drafts = {"n-gram": NgramDraft.from_ids(ids, 64), "neural": NeuralDraft(small)}
+    prompts = [torch.tensor([[0, 5, 9]]), torch.tensor([[0, 7]])]
+    report = spec_bench.run_spec_bench(target, Tok(), drafts, prompts, gammas=(1, 2, 3), new_tokens=12, rounds=1,
+                                       with_transformers=False, progress=False)
+    json.dumps(report, default=str)
+    assert set(report) >= {"plain_us_per_token", "costs", "results", "better_draft", "target_speedup",
+                           "target_met", "transformers", "gammas", "drafts"}
+    assert set(report["results"]) == {"n-gram", "neural"} and report["better_draft"] in report["results"]
+    for res in report["results"].values():
+        assert [r["gamma"] for r in res["rows"]] == [1, 2, 3] and res["best_gamma"] in (1, 2, 3)
+        for r in res["rows"]:
+            assert r["same_tokens"] is True and 0 <= r["alpha"] <= 1
+            assert 1 <= r["tokens_per_call"] <= r["gamma"] + 1 and 1 <= r["formula"] <= r["gamma"] + 1
+            assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
+    assert set(report["costs"]) == {"step_us", "verify_us", "guess_us"} and len(report["costs"]["verify_us"]) == 9
+    text = spec_bench.format_report(report)
+    assert "best γ" in text and "draft: neural" in text and "target >= 1.3x" in text
+
+
+def test_statistics():
+    assert spec_bench.total_variation([1, 0], [0, 1]) == 1.0
+    assert spec_bench.total_variation([2, 2], [10, 10]) == 0.0
+    assert spec_bench.chi_square_homogeneity([500, 500], [505, 495]) > 0.5
+    assert spec_bench.chi_square_homogeneity([900, 100], [500, 500]) < 1e-6
+    assert spec_bench.chi_square_homogeneity([3, 0, 1], [2, 1, 0]) == pytest.approx(1.0)  # all pooled
+
+
+def test_char_corpus_ids_match_encode_corpus(shipped_char):
+    _, tok = shipped_char
+    poems = ["白日依山尽，黄河入海流。", "床前明月光，猫", "春"]
+    assert spec_bench.corpus_ids(tok, poems).tolist() == tok.encode_corpus(poems)
+
+
+def test_speculate_command_line():
+    args = build_parser().parse_args(["speculate", "--json", "--new-tokens", "8", "--rounds", "1", "--no-transformers"])
+    assert (args.json, args.new_tokens, args.rounds, args.no_transformers) == (True, 8, 1, True)
+    assert args.func.__name__ == "cmd_speculate"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["speculate", "--rounds", "0"])

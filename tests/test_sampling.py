@@ -227,3 +227,40 @@ def test_probabilities_rows_sum_to_one():
     probs = probabilities(logits, temperature=1.3, top_k=12, top_p=0.8)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5))
     assert probs.dtype == torch.float32
+
+
+# --- temperature at the edges of float64: the limits, never NaN, banned tokens stay banned ---------
+
+EDGE_LOGITS = torch.tensor([[0.0, 1.0, 2.0, 3.0, -math.inf], [5.0, -math.inf, 5.0, 4.0, 1.0]])
+
+
+@pytest.mark.parametrize("t", [1e-300, 5e-324, 1e-40, 1e-31])
+def test_a_tiny_temperature_gives_the_argmax_one_hot(t):
+    probs = probabilities(EDGE_LOGITS, t)
+    assert not probs.isnan().any()
+    assert probs[0].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert probs[1].tolist() == [0.5, 0.0, 0.5, 0.0, 0.0]  # a tie at the top shares the mass
+    g = torch.Generator().manual_seed(0)
+    assert sample_next(EDGE_LOGITS, t, generator=g)[0].item() == 3
+
+
+@pytest.mark.parametrize("t", [1e31, 1e39, 1e300, 1.7e308])
+def test_a_huge_temperature_gives_the_uniform_distribution_over_the_allowed_tokens(t):
+    probs = probabilities(EDGE_LOGITS, t)
+    assert not probs.isnan().any()
+    torch.testing.assert_close(probs, torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0], [0.25, 0.0, 0.25, 0.25, 0.25]]))
+    assert apply_temperature(EDGE_LOGITS, t)[:, [4, 1]].diag().tolist() == [-math.inf, -math.inf]  # still banned
+    g = torch.Generator().manual_seed(0)
+    draws = sample_next(EDGE_LOGITS.repeat(1000, 1), t, generator=g).flatten()  # rows 0, 1, 0, 1, ...
+    assert 4 not in draws[::2].tolist() and 1 not in draws[1::2].tolist()
+
+
+@pytest.mark.parametrize("t", [1e39, 1e300])
+def test_top_k_and_top_p_still_filter_at_a_huge_temperature(t):
+    assert kept(probabilities(EDGE_LOGITS[:1], t, top_k=2)) == {2, 3}
+    assert kept(probabilities(EDGE_LOGITS[:1], t, top_p=0.5)) == {0, 1}  # uniform: ties go to the lower ids
+
+
+def test_the_edges_agree_with_the_limits_of_ordinary_temperatures():
+    torch.testing.assert_close(probabilities(EDGE_LOGITS, 1e-300), probabilities(EDGE_LOGITS, 1e-3), atol=1e-6, rtol=0)
+    torch.testing.assert_close(probabilities(EDGE_LOGITS, 1e300), probabilities(EDGE_LOGITS, 1e6), atol=1e-5, rtol=0)

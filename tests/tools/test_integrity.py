@@ -184,3 +184,50 @@ def test_record_then_verify_round_trip_and_damage_is_caught(tmp_path):
     with pytest.raises(IntegrityError, match="extra.bin.*damaged or was changed"):
         verified_path("extra.bin", tmp_path)
     assert verified_path("tang.json", tmp_path)  # the other entries survived the rewrite
+
+
+def test_special_files_are_refused_without_being_opened(tmp_path):
+    """A FIFO would block open() forever and /dev/zero never ends: only stat is called, in a thread
+    with a deadline so that a regression fails instead of hanging the suite."""
+    import os
+    import threading
+
+    from kvlib.tools.integrity import DamagedFileError, check_regular_file
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero"
+    zero.symlink_to("/dev/zero")
+    outcomes = {}
+
+    def attempt(path):
+        try:
+            check_regular_file(path)
+        except DamagedFileError as e:
+            outcomes[path] = str(e)
+
+    for path in (fifo, zero, tmp_path):
+        t = threading.Thread(target=attempt, args=(path,), daemon=True)
+        t.start()
+        t.join(timeout=10)
+        assert not t.is_alive(), f"{path} blocked"
+    assert "FIFO" in outcomes[fifo] and "a device" in outcomes[zero] and "a folder" in outcomes[tmp_path]
+    (tmp_path / "ok").write_text("x")
+    assert check_regular_file(tmp_path / "ok") == tmp_path / "ok"
+
+
+def test_stale_temporaries_are_removed_by_name_and_age(tmp_path):
+    import os
+    import time
+
+    from kvlib.tools.integrity import remove_stale_temporaries
+
+    mine, theirs, fresh = (tmp_path / ".a.pt.x1.tmp", tmp_path / ".b.pt.y2.tmp", tmp_path / ".MANIFEST.json.z3.tmp")
+    keep = tmp_path / "a.pt"
+    for p in (mine, theirs, fresh, keep):
+        p.write_text("x")
+    old = time.time() - 3600
+    os.utime(mine, (old, old))
+    assert remove_stale_temporaries(tmp_path, ["a.pt"]) == [mine]
+    assert remove_stale_temporaries(tmp_path, ["MANIFEST.json"], older_than=600) == []  # still being written?
+    assert theirs.exists() and fresh.exists() and keep.exists()

@@ -150,3 +150,80 @@ def test_a_killed_write_leaves_the_previous_state_and_resume_clears_its_debris(t
     assert torch.load(work / "state.pt", weights_only=True)["step"] == 8
     train(TrainConfig(**{**asdict(cfg), "steps": 8}), resume=True, poems=POEMS, progress=False)
     assert not debris.exists()
+
+
+# ---- never destroying state: fresh over unfinished, resume with other settings, divergence --------
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted_run(monkeypatch, cfg: TrainConfig, at: int) -> None:
+    """Run ``cfg`` until an exception at step ``at`` (as Ctrl-C would), leaving its saved state."""
+    from kvlib.tools import training as T
+
+    real = T.lr_at
+
+    def stop(step, c):
+        if step == at:
+            raise Interrupted
+        return real(step, c)
+
+    monkeypatch.setattr(T, "lr_at", stop)
+    with pytest.raises(Interrupted):
+        train(cfg, poems=POEMS, progress=False)
+    monkeypatch.setattr(T, "lr_at", real)
+
+
+def test_a_fresh_run_refuses_to_replace_an_unfinished_one_until_told(tmp_path, monkeypatch):
+    from kvlib.tools.training import UnfinishedRunError
+
+    cfg = TrainConfig(**{**asdict(config(tmp_path, "kept")), "steps": 12})
+    interrupted_run(monkeypatch, cfg, 9)  # saved at step 8 (save_every 4)
+    before = (Path(cfg.work_dir) / "state.pt").read_bytes()
+    with pytest.raises(UnfinishedRunError, match=r"unfinished run \(step 8 of 12\).*--resume.*--restart"):
+        train(cfg, poems=POEMS, progress=False)
+    assert (Path(cfg.work_dir) / "state.pt").read_bytes() == before  # nothing was touched
+    assert train(cfg, restart=True, poems=POEMS, progress=False)["steps"] == 12  # explicit: start over
+    train(cfg, poems=POEMS, progress=False)  # a finished run may be replaced without a word
+
+
+def test_resume_with_other_settings_lists_every_difference(tmp_path):
+    cfg = TrainConfig(**{**asdict(config(tmp_path, "finished")), "steps": 6})
+    train(cfg, poems=POEMS, progress=False)
+    longer = TrainConfig(**{**asdict(cfg), "steps": 12, "n_embd": 16, "threads": 2})
+    with pytest.raises(ValueError) as info:
+        train(longer, resume=True, poems=POEMS, progress=False)
+    message = str(info.value)
+    assert "steps: 6 -> 12" in message and "n_embd: 32 -> 16" in message and "--restart" in message
+    assert "threads" not in message  # the thread count may change between a run and its resumption
+    same = TrainConfig(**{**asdict(cfg), "threads": 2})
+    assert train(same, resume=True, poems=POEMS, progress=False)["steps"] == 6
+
+
+def test_a_diverging_run_stops_and_exports_nothing(tmp_path):
+    cfg = TrainConfig(**{**asdict(config(tmp_path, "diverged")), "lr": 1e9, "min_lr": 1e9, "warmup": 0,
+                         "grad_clip": 1e30, "steps": 20})
+    with pytest.raises(FloatingPointError, match=r"training stopped: the .* is (nan|inf|not finite) at step \d+"):
+        train(cfg, poems=POEMS, progress=False)
+    assert not (Path(cfg.out_dir) / "tang-char.pt").exists()
+    state = Path(cfg.work_dir) / "state.pt"
+    if state.exists():  # whatever was saved before the divergence holds finite weights only
+        saved = torch.load(state, weights_only=True)
+        assert all(bool(torch.isfinite(t).all()) for t in saved["model"].values())
+
+
+def test_a_fresh_start_clears_what_a_killed_export_left(tmp_path):
+    """SIGKILL inside the export's atomic write leaves ``.tang-char.pt.<random>.tmp`` in the output
+    folder (simulated here); the next start, fresh or resumed, removes it and leaves other files alone."""
+    cfg = TrainConfig(**{**asdict(config(tmp_path, "export")), "steps": 4})
+    out, work = Path(cfg.out_dir), Path(cfg.work_dir)
+    out.mkdir(parents=True)
+    work.mkdir(parents=True)
+    debris = [out / ".tang-char.pt.k1ll3d.tmp", out / ".tang-char.tokenizer.json.x_9.tmp", work / ".state.pt.ab.tmp"]
+    for p in debris:
+        p.write_bytes(b"\0" * 1000)
+    other = out / ".tang-bpe.pt.abc.tmp"  # another model's write in the same folder: not ours to remove
+    other.write_bytes(b"\0")
+    train(cfg, poems=POEMS, progress=False)
+    assert not any(p.exists() for p in debris) and other.exists()

@@ -71,7 +71,7 @@ class BlockPool:
         elif self.free_cached:
             bid, _ = self.free_cached.popitem(last=False)      # least recently used
             block = self.blocks[bid]
-            del self.by_hash[block.hash]
+            del self.by_hash[block.hash]                       # forgotten: its contents will change
             block.hash, block.token_ids = None, ()
             self.evictions += 1
         else:
@@ -95,13 +95,18 @@ class BlockPool:
         block = self.blocks[bid]
         block.ref_count -= 1
         if block.ref_count == 0:
-            if block.hash is not None:
+            if block.hash is not None and self.by_hash.get(block.hash) == bid:
                 self.free_cached[bid] = None                   # kept for a later hit, evicted last
-            else:
+            else:                                              # nothing to find it by (or a duplicate)
+                block.hash, block.token_ids = None, ()
                 self.free_fresh.append(bid)
 
     def register(self, bid: int, h: int, token_ids) -> None:
-        """A block just filled up: make it findable by its hash (the first block with a hash keeps it)."""
+        """A block just filled up: make it findable by its hash.
+
+        Two sequences that computed the same block at once both know its hash (the next block's hash
+        is built on it), but the table keeps the first: the other is freed as a plain block.
+        """
         block = self.blocks[bid]
         block.hash, block.token_ids = h, tuple(token_ids)
         self.by_hash.setdefault(h, bid)

@@ -102,3 +102,18 @@ def test_bad_input_names_the_parameter(tiny_gpt):
         cache.forward(tiny_gpt, [0], [list(range(17))])
     with pytest.raises(ValueError, match="no new tokens"):
         cache.forward(tiny_gpt, [0], [[]])
+
+
+@torch.inference_mode()
+def test_a_block_computed_twice_at_once_is_kept_once(shipped_char):
+    model, tok = shipped_char
+    prompt = encode_prompt(tok, "白日依山尽，黄河入海流。")  # 13 tokens: three full blocks of 4
+    cache = PagedKVCache(model.config, 8, block_size=4)
+    for sid in (0, 1):
+        assert cache.add_sequence(sid, prompt) == 0      # neither is stored yet: both compute
+    cache.forward(model, [0, 1], [prompt, prompt])
+    cache.free(0)
+    cache.free(1)
+    assert len(cache.pool.free_cached) == 3 and len(cache.pool.by_hash) == 3
+    taken = [cache.pool.allocate() for _ in range(8)]   # every block, evicting the cached ones
+    assert sorted(taken) == list(range(8)) and not cache.pool.by_hash and cache.pool.evictions == 3

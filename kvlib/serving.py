@@ -377,9 +377,10 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
                     banned: tuple[int, ...] = ()) -> dict:
     """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
 
-    The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). Each
-    continuation's first write into the shared, partly filled last block copies that block first
-    (copy-on-write); the full blocks stay shared to the end. ``banned`` token ids are never drawn
+    The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). A
+    continuation that writes into the shared, partly filled last block while others still use it
+    copies that block first (copy-on-write): ``n - 1`` copies, the last writer finds the block its
+    own. The full blocks stay shared to the end. ``banned`` token ids are never drawn
     (the poem separator, say, to keep every continuation inside the poem).
     """
     n = check_int("n", n, 1)

@@ -40,16 +40,29 @@ def plain(poem: str) -> bool:
 
 
 def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 100.0, seed: int = 0, *,
-               prompt_chars: tuple[int, int] = (4, 24), max_new_tokens: int = 96) -> list[Request]:
+               prompt_chars: tuple[int, int] = (4, 24), max_new_tokens: int = 96,
+               block_size: int = 128) -> list[Request]:
     """A seeded trace: ``n_requests`` poem openings of varied length, arriving at ``rate`` per second.
 
     Each request takes a random poem, the first 4-24 of its characters as the prompt, and the rest of
     that poem's length (at most ``max_new_tokens``) as its answer length; gaps between arrivals are
     exponential with mean ``1 / rate`` (a Poisson process), drawn from ``random.Random(seed)``.
+    The longest prompt (separator included) plus ``max_new_tokens`` must fit the model's ``block_size``,
+    so that even a left-padded static batch holds every request.
     """
     n_requests = check_int("n_requests", n_requests, 1)
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
         raise ValueError(f"rate must be a number of requests per second > 0, got {rate!r}")
+    if (not isinstance(prompt_chars, tuple) or len(prompt_chars) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in prompt_chars)
+            or not 1 <= prompt_chars[0] <= prompt_chars[1]):
+        raise ValueError(f"prompt_chars must be a pair of ints (shortest, longest) with 1 <= shortest <= longest, "
+                         f"got {prompt_chars!r}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    if prompt_chars[1] + 1 + max_new_tokens > block_size:
+        raise ValueError(f"prompts of up to {prompt_chars[1]} characters (+ the separator) and max_new_tokens="
+                         f"{max_new_tokens} need {prompt_chars[1] + 1 + max_new_tokens} positions; the block holds "
+                         f"{block_size}")
     lo, hi = prompt_chars
     rng, t, trace = random.Random(seed), 0.0, []
     while len(trace) < n_requests:

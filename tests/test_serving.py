@@ -36,6 +36,12 @@ def test_the_trace_is_seeded_and_fits_the_block(shipped_char, trace):
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
     with pytest.raises(ValueError, match="rate"):
         make_trace(tok, POEMS, 2, rate=0)
+    with pytest.raises(ValueError, match="prompt_chars"):
+        make_trace(tok, POEMS, 2, prompt_chars=(9, 4))
+    with pytest.raises(ValueError, match="block holds 128"):
+        make_trace(tok, POEMS, 2, prompt_chars=(4, 40), max_new_tokens=96)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        make_trace(tok, POEMS, 2, max_new_tokens=0)
 
 
 def test_tokens_do_not_depend_on_the_batch_even_with_preemption(shipped_char, trace):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 
 import torch
 
@@ -148,14 +149,26 @@ def check_token_lists(prompts, pad_id) -> list[list[int]]:
     return out
 
 
+_FINITE_STATES = weakref.WeakKeyDictionary()  # model -> the weights' (id, version) when last found finite
+
+
 def check_weights(model) -> None:
-    """Every parameter and buffer of ``model`` is finite; the first one that is not is named."""
-    for name, t in model.state_dict().items():
+    """Every parameter and buffer of ``model`` is finite; the first one that is not is named.
+
+    The scan runs once per state of the weights: in-place writes (an optimiser step,
+    ``load_state_dict``, an edit under ``no_grad``) bump a tensor's version counter and so rescan.
+    """
+    named = [*model.named_parameters(), *model.named_buffers()]
+    state = tuple((id(t), t._version) for _, t in named)
+    if _FINITE_STATES.get(model) == state:
+        return
+    for name, t in named:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise ValueError(f"model weight {name} holds {bad} non-finite value(s) (NaN or inf) of "
                              f"{t.numel()}: the model cannot produce meaningful logits; allowed are finite weights "
                              f"(reload the checkpoint, or retrain with a lower learning rate)")
+    _FINITE_STATES[model] = state
 
 
 def check_pair(model, tokenizer) -> None:

@@ -298,11 +298,15 @@ def cmd_train(args) -> None:
             raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
         try:  # the saved settings, with only the flags given now on top (train lists any difference)
             cfg = replace(saved_config(cfg.work_dir), **overrides)
+        except IntegrityError:
+            raise
         except ValueError as e:
             raise UsageError(str(e)) from None
     try:
         metrics = train(cfg, resume=args.resume, restart=args.restart)
-    except (UnfinishedRunError, ValueError) as e:
+    except IntegrityError:  # a damaged file (DamagedFileError is also a ValueError): status 1, not 2
+        raise
+    except (UnfinishedRunError, ValueError) as e:  # what to pass instead: --resume, --restart, the saved settings
         raise UsageError(str(e)) from None
     print(json.dumps(metrics, indent=2))
 

@@ -402,14 +402,17 @@ def test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fr
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert lines and lines[-1].startswith("python -m kvlib") and "error:" in lines[-1], err
-    if "usage:" not in err:  # kvlib's own errors: one line (argparse's add its usage lines above)
-        assert len(lines) == 1, f"more than one line: {err!r}"
+    assert len(lines) == 1 and "usage:" not in err, f"more than one line: {err!r}"  # argparse's errors too
     expect(lines[-1], fragments, cli_world)
 
 
 @pytest.mark.parametrize("argv, fragments", [
     (["generate", "--prompt", "hello"], ["'hello'", "not in the vocabulary"]),
     (["generate", "--top-k", "0"], ["top_k", ">= 1"]),
+    (["generate", "--prompt", b"\xe6\x98\xa5\xff"], ["--prompt", "not valid UTF-8", r"\\xff", "character 1"]),
+    (["generate", "--seed", "99999999999999999999999"], ["--seed", "99999999999999999999999"]),
+    (["generate", "--max-new-tokens", "10000000000000", "--no-cache"], ["--max-new-tokens", "at most 100,000"]),
+    (["generate", "--batch-prompts", ""], ["--batch-prompts", "empty prompt"]),
 ])
 def test_cli_in_a_real_process_exits_2_with_one_line(argv, fragments):
     """The real command on the shipped model: status 2, one line on stderr, nothing on stdout."""

@@ -355,8 +355,15 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage block above it), status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
+    parser = OneLineParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
     sub = parser.add_subparsers(dest="command", required=True)
     models = ["tang-char", "tang-bpe"]
 

@@ -204,15 +204,18 @@ def verify_logits(decoder: FastDecoder, idx: torch.Tensor) -> torch.Tensor:
         raise ContextLimitError(f"{T} new token(s) after {start} cached ones need {S} positions; "
                                 f"the cache holds {decoder.max_len}")
     shape, eps = (C,), decoder.eps
-    mask = causal_mask(T, S, idx.device)                                    # (T, S)
+    # An additive mask (0 or -inf) of the bottom-right causal pattern: SDPA's fused kernel takes it,
+    # where a boolean mask sends it down a slower path. One new token sees every key: no mask.
+    mask = None if T == 1 else torch.zeros(T, S, device=idx.device).masked_fill_(~causal_mask(T, S, idx.device),
+                                                                                  float("-inf"))
     x = F.embedding(idx[0], decoder.wte) + decoder.wpe[start:S]            # (T, C)
     for layer, w in enumerate(decoder.layers):
         qkv = torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv)  # (T, 3C)
-        q, k, v = qkv.view(T, 3, H, D).permute(1, 2, 0, 3)                 # each (H, T, D)
-        cache.k[layer, 0, :, start:S] = k
-        cache.v[layer, 0, :, start:S] = v
-        y = F.scaled_dot_product_attention(q, cache.k[layer, 0, :, :S], cache.v[layer, 0, :, :S], attn_mask=mask)
-        x = torch.addmm(x + w.w_proj1[C], y.transpose(0, 1).reshape(T, C), w.w_proj1[:C])
+        q, k, v = qkv.view(1, T, 3, H, D).permute(2, 0, 3, 1, 4)           # each (1, H, T, D)
+        cache.k[layer, :, :, start:S] = k
+        cache.v[layer, :, :, start:S] = v
+        y = F.scaled_dot_product_attention(q, cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], attn_mask=mask)
+        x = torch.addmm(x + w.w_proj1[C], y[0].transpose(0, 1).reshape(T, C), w.w_proj1[:C])
         u = torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc)    # a / sqrt(2)
         x = torch.addmm(x + w.w_out1[4 * C], u * (1 + torch.erf(u)), w.w_out1[:4 * C])
     cache.advance(T)

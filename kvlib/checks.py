@@ -371,6 +371,14 @@ def check_batch_inputs(model, prompts, steps) -> None:
             raise ValueError(f"prompt {i} holds token id {max(p)}, outside the vocabulary [0, {model.config.vocab_size})")
 
 
+def check_step_logits(logits, batch: int) -> torch.Tensor:
+    """The recompute loop's logits for one step: (B, V) with one row per prompt, as ``check_logits``."""
+    if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] != batch:
+        raise ValueError(f"f (or logits_hook) must give (B, V) logits with B = {batch} rows, one per prompt, "
+                         f"got shape {tuple(logits.shape)}")
+    return check_logits(logits)
+
+
 def check_hook_output(logits, shape) -> torch.Tensor:
     """A logits hook must return finite-or--inf (B, V) logits, like the ones it was given."""
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != tuple(shape):

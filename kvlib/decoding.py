@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
-                     check_int, check_logits, check_prompt, check_sampling, check_token_lists)
+                     check_int, check_logits, check_prompt, check_sampling, check_step_logits, check_token_lists)
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import draw
@@ -206,7 +206,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
                        position_ids=position_ids_from_mask(window))[0][:, -1]
         if logits_hook is not None:
             logits = logits_hook(n, out[:, : T + n], logits)
-        check_logits(logits)  # f is any callable: its logits are checked every step
+        check_step_logits(logits, B)  # f is any callable: its logits are checked every step
         nxt = out[:, T + n: T + n + 1]
         nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
         if eos_id is not None:

@@ -830,6 +830,12 @@ HOOK_CASES = [
     ("[silent] hook returns integers", lambda w: generate(w.model, w.idx(), 2,
                                                           logits_hook=lambda s, t, l: l.long()),
      TypeError, ["logits", "floating dtype", "torch.int64"]),
+    ("[silent] uncached hook returns one row for two", lambda w: generate_uncached(
+        w.model, torch.tensor([[0, 5], [0, 6]]), 2, block_size=BLOCK, logits_hook=lambda s, t, l: l[:1]), ValueError,
+     ["logits_hook", "B = 2 rows", r"got shape \(1, {v}\)"]),
+    ("[silent] uncached f returns one row for two", lambda w: generate_uncached(
+        lambda x: (torch.zeros(1, 1, 5), None), torch.tensor([[0, 5], [0, 6]]), 2, block_size=BLOCK), ValueError,
+     ["f \\(or logits_hook\\)", "B = 2 rows", r"\(1, 5\)"]),
     ("[nan] uncached hook returns NaN", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=BLOCK,
                                                                     logits_hook=lambda s, t, l: l * math.nan),
      ValueError, ["logits row 0", "NaN"]),

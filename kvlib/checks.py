@@ -112,8 +112,13 @@ def check_token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
         if ids.dim() > 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise TypeError(f"{name} must be a 1-D integer tensor or a list of ints, got {_describe(ids)}")
         ids = ids.tolist() if ids.dim() else [ids.item()]
-    elif isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, range)):
+    elif hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a numpy array
+        ids = ids.tolist()
+        ids = ids if isinstance(ids, list) else [ids]
+    elif isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
+    else:
+        ids = list(ids)                                                # a tuple, range, generator, ...
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"{name}[{i}] must be an int token id in [0, {vocab_size}), got {t!r}")

@@ -48,7 +48,7 @@ KNOWN_OUTPUT = {
     "01": "57,603 poems in the corpus",
     "02": "p = 0.45: keeps [0]",
     "03": "punctuation at positions: [8, 16, 24, 32]",
-    "04": "nbytes: 524,288 | equals 524,288: True",
+    "04": "equals 524,288: True",
     "05": "524,288",
     "06": "stream equals decode: True",
 }

@@ -163,6 +163,7 @@ class NeuralDraft(Draft):
             logits = self.decoder(torch.tensor([[t]]))
         return logits[0]
 
+    @torch.inference_mode()
     def propose(self, tokens, gamma, settings=(0.0, None, None), generator=None):
         keep = 0
         limit = min(len(self.fed), len(tokens) - 1)  # feed at least one token: its logits come next
@@ -189,6 +190,7 @@ class NeuralDraft(Draft):
 
 # ---- the target's verify pass ---------------------------------------------------------------------
 
+@torch.inference_mode()
 def verify_logits(decoder: FastDecoder, idx: torch.Tensor) -> torch.Tensor:
     """Append ``idx`` (1, T) to ``decoder``'s cache in one forward; the (T, V) logits after each token.
 

@@ -17,11 +17,13 @@ The attention weights are not a second copy of the model: a forward hook on each
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from .checks import ContextLimitError, check_sampling
+from .checks import ContextLimitError, check_int, check_sampling
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .text import encode_prompt
@@ -62,6 +64,15 @@ def token_label(tokenizer, token_id: int) -> str:
         return raw.hex(" ")
 
 
+_locks: "weakref.WeakKeyDictionary[GPT, threading.Lock]" = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _model_lock(model: GPT) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(model, threading.Lock())
+
+
 class CacheStepper:
     """Cached decoding of one prompt, one token per :meth:`step`, with its inside on show.
 
@@ -74,13 +85,17 @@ class CacheStepper:
     def __init__(self, model: GPT, tokenizer, prompt: str = "", *, temperature: float = 0.8,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 1337,
                  top: int = TOP, max_len: int | None = None):
-        check_sampling(temperature, top_k, top_p)
+        temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
         self.model, self.tokenizer = model, tokenizer
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
         self.prompt = prompt
         self.prompt_ids = encode_prompt(tokenizer, prompt)  # the poem separator, then the prompt
-        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
-        self.top = top
-        self.max_len = model.config.block_size if max_len is None else max_len
+        self.seed = check_int("seed", seed)
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.top = check_int("top", top, 1, tokenizer.vocab_size)
+        self.max_len = check_int("max_len", model.config.block_size if max_len is None else max_len, 1,
+                                 model.config.block_size)
         if len(self.prompt_ids) > self.max_len:
             raise ContextLimitError(
                 f"the prompt takes {len(self.prompt_ids)} tokens but the cache holds {self.max_len}")
@@ -104,17 +119,26 @@ class CacheStepper:
         return self.cache.length < self.cache.max_len
 
     def step(self) -> int:
-        """Draw the next token from the current logits, feed it through the cache; return its id."""
+        """Draw the next token from the current logits, feed it through the cache; return its id.
+
+        All or nothing: if the step is interrupted (Ctrl-C, an error), the text, the cache and the
+        generator are as they were before it, so the next step draws the same token.
+        """
         if not self.can_step:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
-        self._shown = self._display_probs(self.logits)
-        nxt = sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator)  # (1, 1)
-        self.chosen = int(nxt)
-        self.tokens.append(self.chosen)
+        drawn_from = self._display_probs(self.logits)
+        before = self.generator.get_state()
+        try:
+            nxt = int(sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator))
+            self._feed([nxt])  # advances cache.length only once every layer has written
+        except BaseException:
+            self.generator.set_state(before)
+            raise
+        self._shown, self.chosen = drawn_from, nxt
+        self.tokens.append(nxt)
         self.steps += 1
-        self._feed([self.chosen])
-        return self.chosen
+        return nxt
 
     def run(self, n: int) -> list[int]:
         """``n`` steps (fewer if the cache fills up); the ids chosen."""
@@ -127,13 +151,23 @@ class CacheStepper:
 
     @torch.inference_mode()
     def _feed(self, ids: list[int]) -> None:
-        """Run ``ids`` through the model with the cache; keep the last logits and that token's attention."""
+        """Run ``ids`` through the model with the cache; keep the last logits and that token's attention.
+
+        The forward hooks that catch the queries live on the model's modules, so two steppers of one
+        model (two threads, two widgets) take turns: a lock per model makes their hooks never overlap.
+        """
+        with _model_lock(self.model):
+            self._feed_locked(ids)
+
+    def _feed_locked(self, ids: list[int]) -> None:
         queries: dict[int, torch.Tensor] = {}
+        me = threading.get_ident()
 
         def keep_query(layer):
             def hook(module, inputs, output):  # output (1, T, 3C): q, k, v of the fed tokens
-                C = output.shape[-1] // 3
-                queries[layer] = output[0, -1, :C].clone()  # the last fed token's query (C,)
+                if threading.get_ident() == me:  # not another thread's forward pass through this model
+                    C = output.shape[-1] // 3
+                    queries[layer] = output[0, -1, :C].clone()  # the last fed token's query (C,)
             return hook
 
         blocks = self.model.transformer.h

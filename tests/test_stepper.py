@@ -148,3 +148,62 @@ def test_token_label_shows_partial_utf8_as_hex(bpe_tokenizer):
     assert token_label(bpe_tokenizer, bpe_tokenizer.eos_id) == "\n"  # the stepper's pictures draw it as ⏎
 
 
+
+
+def test_two_steppers_in_two_threads_see_their_own_attention(tiny_gpt, tok):
+    """The query hooks live on the shared model: steppers of one model take turns and keep their own maps."""
+    import threading
+
+    alone = {}
+    for prompt in ("春风", "白日依山"):
+        s = CacheStepper(tiny_gpt, tok, prompt, temperature=0.0)
+        s.run(6)
+        alone[prompt] = s.view().attention
+    together, errors = {}, []
+
+    def run(prompt):
+        try:
+            s = CacheStepper(tiny_gpt, tok, prompt, temperature=0.0)
+            for _ in range(6):
+                s.step()
+            together[prompt] = s.view().attention
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=run, args=(p,)) for p in alone]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for prompt in alone:
+            assert torch.allclose(together[prompt], alone[prompt], atol=1e-6)
+
+
+def test_an_interrupted_step_leaves_text_cache_and_generator_as_they_were(tiny_gpt, tok, monkeypatch):
+    s = CacheStepper(tiny_gpt, tok, "春风", temperature=1.0, seed=3)
+    s.run(2)
+    text, length, tokens = s.text(), s.cache.length, list(s.tokens)
+    real = CacheStepper._feed_locked
+
+    def interrupted(self, ids):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CacheStepper, "_feed_locked", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.step()
+    assert (s.text(), s.cache.length, s.tokens, s.steps) == (text, length, tokens, 2)
+    monkeypatch.setattr(CacheStepper, "_feed_locked", real)
+    again = CacheStepper(tiny_gpt, tok, "春风", temperature=1.0, seed=3)
+    again.run(3)
+    assert s.step() == again.tokens[-1]  # the generator was rewound: the same draw as without the interruption
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(top=-1), "top"), (dict(top=0), "top"), (dict(seed="abc"), "seed"), (dict(max_len=0), "max_len"),
+    (dict(temperature="hot"), "temperature"),
+])
+def test_stepper_arguments_are_checked(tiny_gpt, tok, kwargs, fragment):
+    with pytest.raises((TypeError, ValueError), match=fragment):
+        CacheStepper(tiny_gpt, tok, "春", **kwargs)

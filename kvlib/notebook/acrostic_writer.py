@@ -9,7 +9,7 @@ import torch
 from ..constraints import acrostic, poem_lines
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import LiveWidget, display, message_html, require_str, unknown_message
+from .show import LiveWidget, check_setting, display, message_html, require_str, unknown_message
 
 
 @dataclass
@@ -40,6 +40,10 @@ def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, tempera
                   seed: int = 1337) -> AcrosticView:
     """An acrostic on ``heads`` (spaces ignored), or a message saying why none can be written."""
     heads = "".join(require_str("heads", heads).split())
+    if chars_per_line not in (5, 7) or isinstance(chars_per_line, bool):
+        raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+    check_setting("temperature", temperature, 0.0, 100.0)
+    check_setting("seed", seed, 0, 2**63 - 1, integer=True)
     view = AcrosticView(heads, int(chars_per_line))
     if not heads:
         view.message = "Type one Chinese character for the start of each line, e.g. 春眠不觉."
@@ -61,6 +65,10 @@ class AcrosticWriter:
                  temperature: float = 0.8, seed: int = 1337):
         import ipywidgets as w
 
+        if chars_per_line not in (5, 7) or isinstance(chars_per_line, bool):
+            raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+        check_setting("temperature", temperature, 0.05, 1.5)
+        check_setting("seed", seed, 0, 2000, integer=True)
         self.model, self.tokenizer = model, tokenizer
         self.heads = w.Text(value=heads, description="heads", continuous_update=False,
                             placeholder="one character per line")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..memory import DTYPE_BYTES, MB, SHAPES, ModelShape, describe
 from . import plots
+from .show import LiveWidget, check_setting, display
 
 
 def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, highlight: str = "GPT-2 small"):
@@ -15,7 +16,11 @@ def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, hig
     from matplotlib.figure import Figure
 
     shapes = list(shapes or SHAPES.values())
-    main = next(s for s in shapes if s.name == highlight)
+    names = [s.name for s in shapes]
+    if highlight not in names:
+        raise ValueError(f"highlight must be one of the models shown ({', '.join(names)}), got {highlight!r}")
+    check_setting("max_batch", max_batch, 1, 100_000, integer=True)
+    main = shapes[names.index(highlight)]
     fig = Figure(figsize=(13, 5), layout="constrained")
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.15])
     batches = np.arange(1, max_batch + 1)
@@ -63,6 +68,14 @@ class MemoryCalculator:
         import ipywidgets as w
 
         self.shapes = {**(extra or {}), **SHAPES}
+        if model not in self.shapes:
+            raise ValueError(f"model must be one of {', '.join(self.shapes)}, got {model!r}")
+        check_setting("batch", batch, 1, 256, integer=True)
+        if tokens not in self.CONTEXTS:
+            raise ValueError(f"tokens must be one of the context lengths {', '.join(f'{c:,}' for c in self.CONTEXTS)}, "
+                             f"got {tokens!r}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
         self.model = w.Dropdown(options=list(self.shapes), value=model, description="model")
         self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=True)
         self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context")
@@ -74,11 +87,8 @@ class MemoryCalculator:
         self._refresh()
 
     def show(self) -> None:
-        """The live widget, then its current answer as plain text (for readers without a kernel)."""
-        from IPython.display import display
-
-        display(self.widget)
-        print(self.text())
+        """The live widget (with its current answer as a static copy, for readers without a kernel)."""
+        display(LiveWidget(self.widget, self.output.value))
 
     def text(self) -> str:
         shape = self.shapes[self.model.value]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ..text import top_next
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import LiveWidget, bars_html, display, format_top, message_html, require_str, unknown_message
+from .show import LiveWidget, bars_html, check_setting, display, format_top, message_html, require_str, unknown_message
 
 
 @dataclass
@@ -48,6 +48,7 @@ class PromptBox:
     def __init__(self, model, tokenizer, text: str = "春风", k: int = 8):
         import ipywidgets as w
 
+        check_setting("k", k, 3, 20, integer=True)
         self.model, self.tokenizer = model, tokenizer
         self.prompt = w.Text(value=text, description="prompt", continuous_update=False,
                              placeholder="type Chinese characters, then press Enter",

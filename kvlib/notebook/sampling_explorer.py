@@ -17,7 +17,7 @@ from ..sampling import probabilities
 from ..text import encode_prompt
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import LiveWidget, bars_html, display, message_html, require_str, unknown_message
+from .show import LiveWidget, bars_html, check_setting, display, message_html, require_str, unknown_message
 
 SEPARATOR_LABEL = "⏎"
 
@@ -79,6 +79,11 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     not stop at the poem separator: when one poem ends, the next begins on a new line.
     """
     prompt = require_str("prompt", prompt).strip()
+    block = model.config.block_size
+    check_setting("n_chars", n_chars, 1, block, integer=True)
+    check_setting("n_bars", n_bars, 1, min(100, tokenizer.vocab_size), integer=True)
+    check_setting("seed", seed, 0, 2**63 - 1, integer=True)
+    check_setting("temperature", temperature, 0.0, 100.0)
     top_k, top_p = _filters(top_k, top_p)
     view = ExplorerView(prompt, float(temperature), top_k, top_p, int(seed), vocab_size=tokenizer.vocab_size)
     try:
@@ -88,7 +93,8 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
         return view
     room = model.config.block_size + 1 - n_chars  # prompt tokens that leave room for n_chars
     if len(ids) > room:
-        view.message = f"The prompt is too long: at most {room - 1} characters leave room for {n_chars} new ones."
+        view.message = (f"The prompt is too long: the model reads {block} tokens, so at most {room - 1} "
+                        f"characters leave room for {n_chars} new ones. Use a shorter prompt.")
         return view
     first = []
 
@@ -132,6 +138,10 @@ class SliderExplorer:
                  top_p: float = 1.0, seed: int = 0, n_chars: int = 48, n_bars: int = 12):
         import ipywidgets as w
 
+        for name, value, low, high, integer in (("temperature", temperature, 0.0, 2.0, False),
+                                                 ("top_k", top_k, 0, 100, True), ("top_p", top_p, 0.05, 1.0, False),
+                                                 ("seed", seed, 0, 99, True)):
+            check_setting(name, value, low, high, integer)
         self.model, self.tokenizer, self.n_chars = model, tokenizer, n_chars
         slider = dict(continuous_update=False, style={"description_width": "90px"},
                       layout=w.Layout(width="420px"))

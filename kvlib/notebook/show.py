@@ -36,6 +36,19 @@ def message_html(text: str) -> str:
     return f'<p style="font-size:15px;color:#a34000">{html.escape(text)}</p>'
 
 
+def check_setting(name: str, value, low, high, integer: bool = False):
+    """A widget's starting value must lie on its control's range; a widget never clamps silently."""
+    import numbers
+
+    kind = numbers.Integral if integer else numbers.Real
+    what = "an int" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what} in [{low}, {high}] (the range of its control), got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {what} in [{low}, {high}] (the range of its control), got {value!r}")
+    return value
+
+
 def require_str(name: str, value) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str of Chinese characters, got {value!r}")

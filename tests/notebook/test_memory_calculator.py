@@ -20,3 +20,18 @@ def test_calculator_widget_and_figure():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         memory_figure().savefig(io.BytesIO(), format="png")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: MemoryCalculator(batch=1000), r"batch .*\[1, 256\].*1000"),
+    (lambda: MemoryCalculator(model="GPT-5"), r"model must be one of .*GPT-2 small.*'GPT-5'"),
+    (lambda: MemoryCalculator(tokens=1000), r"tokens must be one of .*1,024.*1000"),
+    (lambda: MemoryCalculator(dtype="int4"), r"dtype .*'int4'"),
+    (lambda: memory_figure(highlight="GPT-5"), r"highlight must be one of .*'GPT-5'"),
+])
+def test_calculator_refuses_what_it_cannot_show(make, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make()

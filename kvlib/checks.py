@@ -266,6 +266,16 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
         raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {_describe(idx)}")
     B, T = idx.shape
+    if idx.numel():
+        lo, hi = (int(v) for v in idx.aminmax())
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"idx holds token ids {lo}..{hi}; allowed are ids in [0, {config.vocab_size}) "
+                             f"(the model's vocabulary; is the tokenizer the model's own?)")
+    for name, t in (("key_mask", key_mask), ("position_ids", position_ids), ("targets", targets)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if cache is not None and getattr(cache, "batch_size", B) != B:
+        raise ValueError(f"the cache holds {cache.batch_size} sequence(s) but idx has {B} row(s)")
     start = cache.length if cache is not None else 0
     S = start + T
     if cache is not None and S > cache.max_len:
@@ -280,8 +290,22 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
             f"position id {int(position_ids.max())} is past the block size {config.block_size}")
     if key_mask is not None and key_mask.shape != (B, S):
         raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
+    if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != T
+                                     or position_ids.shape[0] not in (1, B) or position_ids.is_floating_point()):
+        raise ValueError(f"position_ids must be an integer tensor of shape (B, T) = {(B, T)} or (1, T), got "
+                         f"{_describe(position_ids)}")
+    if position_ids is not None and position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}")
     if targets is not None and last_only:
         raise ValueError("targets need the logits of every position: pass last_only=False to compute a loss")
+    if targets is not None:
+        if targets.shape != idx.shape or targets.dtype != torch.long:
+            raise ValueError(f"targets must be an int64 tensor of the shape of idx {(B, T)}, got {_describe(targets)}")
+        if targets.numel():
+            lo, hi = (int(v) for v in targets.aminmax())
+            if lo < -1 or hi >= config.vocab_size:
+                raise ValueError(f"targets hold ids {lo}..{hi}; allowed are ids in [0, {config.vocab_size}) "
+                                 f"and -1 (ignored)")
 
 
 def check_eos(eos_id, vocab_size: int | None) -> int | None:

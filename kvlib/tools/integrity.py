@@ -34,6 +34,8 @@ def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     Only ``stat`` is called, so a FIFO or ``/dev/zero`` is refused without being opened (opening a
     FIFO blocks; reading a device never ends).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a {what} path must be a str or a path, got {type(path).__name__}")
     path = Path(path)
     try:
         mode = os.stat(path).st_mode
@@ -155,6 +157,9 @@ def record(*paths: str | os.PathLike, data_dir: Path = DATA_DIR) -> None:
 
 def verified_path(name: str, data_dir: Path = DATA_DIR) -> Path:
     """Return ``data_dir / name`` after checking it against the manifest."""
+    if not isinstance(data_dir, (str, os.PathLike)) or not isinstance(name, str):
+        raise TypeError(f"verified_path takes a file name (str) and a data folder (a path), got "
+                        f"{type(name).__name__} and {type(data_dir).__name__}")
     data_dir = Path(data_dir)
     path = data_dir / name
     entry = read_manifest(data_dir).get(name)

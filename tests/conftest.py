@@ -43,6 +43,17 @@ def tiny_gpt() -> GPT:
 
 
 @pytest.fixture(scope="session")
+def tiny_char_tokenizer():
+    """A character tokenizer of 64 ids (the size of ``tiny_gpt``'s vocabulary) over common poem characters."""
+    from kvlib.tokenizer import CharTokenizer
+
+    chars = list(dict.fromkeys("春风白日依山尽黄河入海流床前明月光疑是地上霜举头望低思故乡，。花落知多少夜来雨声"
+                               "处鸟啼眠不觉晓天人云水中千万里秋江寒雪孤舟松石"))
+    assert len(chars) >= 62
+    return CharTokenizer(["\n", "<unk>", *chars[:62]])
+
+
+@pytest.fixture(scope="session")
 def shipped_char():
     """(model, tokenizer) of the shipped character model."""
     return load_pretrained("tang-char")

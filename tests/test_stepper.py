@@ -14,16 +14,9 @@ from kvlib.sampling import probabilities
 from kvlib.stepper import CacheStepper, token_label
 from kvlib.tokenizer import CharTokenizer
 
-CHARS = ("春风白日依山尽黄河入海流床前明月光疑是地上霜举头望低思故乡，。花落知多少夜来雨声"
-         "处鸟啼眠不觉晓天人云水中千万里秋江寒雪孤舟松石")
-
-
 @pytest.fixture(scope="module")
-def tok() -> CharTokenizer:
-    """64 ids, the size of the ``tiny_gpt`` fixture's vocabulary."""
-    chars = list(dict.fromkeys(CHARS))
-    assert len(chars) >= 62
-    return CharTokenizer(["\n", "<unk>", *chars[:62]])
+def tok(tiny_char_tokenizer):
+    return tiny_char_tokenizer
 
 
 def full_attention(model, tokens):

@@ -16,42 +16,9 @@ from kvlib.notebook.cache_stepper import StepperWidget, view_html
 from kvlib.stepper import CacheStepper
 from kvlib.tokenizer import CharTokenizer
 
-CHARS = ("春风白日依山尽黄河入海流床前明月光疑是地上霜举头望低思故乡，。花落知多少夜来雨声"
-         "处鸟啼眠不觉晓天人云水中千万里秋江寒雪孤舟松石")
-
-
 @pytest.fixture(scope="module")
-def tok() -> CharTokenizer:
-    """64 ids, the size of the ``tiny_gpt`` fixture's vocabulary."""
-    chars = list(dict.fromkeys(CHARS))
-    assert len(chars) >= 62
-    return CharTokenizer(["\n", "<unk>", *chars[:62]])
-
-
-def full_attention(model, tokens):
-    """Per layer, the last token's attention weights and output, from one uncached forward (hooks)."""
-    qkv, outputs = {}, {}
-    blocks = model.transformer.h
-    handles = []
-    for i, b in enumerate(blocks):
-        handles.append(b.attn.c_attn.register_forward_hook(lambda m, a, out, i=i: qkv.__setitem__(i, out)))
-        handles.append(b.attn.c_proj.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, a[0])))
-    with torch.no_grad():
-        model(torch.tensor([tokens]))
-    for h in handles:
-        h.remove()
-    H, D = model.config.n_head, model.config.head_size
-    C = H * D
-    weights = []
-    for i in range(len(blocks)):
-        q, k, _ = qkv[i][0].split(C, dim=-1)                        # (T, C) each
-        q = q.view(-1, H, D).transpose(0, 1)                         # (H, T, D)
-        k = k.view(-1, H, D).transpose(0, 1)
-        scores = q @ k.transpose(1, 2) / math.sqrt(D)                # (H, T, T)
-        T = scores.shape[-1]
-        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        weights.append(scores.softmax(-1)[:, -1])                    # (H, T): the last query's row
-    return torch.stack(weights), [outputs[i][0, -1] for i in range(len(blocks))]
+def tok(tiny_char_tokenizer):
+    return tiny_char_tokenizer
 
 
 def test_picture_shows_the_view(tiny_gpt, tok):

@@ -360,13 +360,13 @@ def export(model: GPT, tok, cfg: TrainConfig, history: list[dict], metrics: dict
             "metrics": metrics}
     buf = io.BytesIO()
     torch.save(ckpt, buf)
-    paths = [out_dir / f"{name}.pt", out_dir / f"{tok_name}.tokenizer.json", out_dir / f"{name}.log.json"]
-    write_bytes(paths[0], buf.getvalue())
-    if name in SHARED_TOKENIZER and out_dir.resolve() == DATA_DIR.resolve():
-        paths.pop(1)  # the shared file is already shipped and in the manifest: leave it untouched
-    else:
-        save_tokenizer(tok, paths[1])
-    write_json(paths[2], {"metrics": metrics, "history": history})
+    ckpt_path, tok_path, log_path = out_dir / f"{name}.pt", out_dir / f"{tok_name}.tokenizer.json", out_dir / f"{name}.log.json"
+    write_bytes(ckpt_path, buf.getvalue())
+    paths = [ckpt_path, log_path]
+    if not (name in SHARED_TOKENIZER and out_dir.resolve() == DATA_DIR.resolve()):
+        save_tokenizer(tok, tok_path)  # a draft's shared file, when shipped, is left untouched
+        paths.append(tok_path)
+    write_json(log_path, {"metrics": metrics, "history": history})
     # The one picture a tool draws: imported here, so that tools never load matplotlib otherwise.
     from ..notebook.plots import plot_loss_curve
     paths.append(plot_loss_curve(history, out_dir / f"{name}.loss.png", title=name))

@@ -28,6 +28,8 @@ def timed(run):
 def sections(model, tok):
     """Yield the demo's lines one at a time."""
     yield "== 1. All the model gives is probabilities: the top 8 characters after a piece of text"
+    yield "  (each text is read without the poem separator in front, as a piece from anywhere in a poem;"
+    yield "   notebook 1 reads them as poem openings, after the separator, so its top 8 differ)"
     for text in FAMOUS:
         bars = "  ".join(f"{ch} {100 * p:4.1f}%" for ch, p in top_next(model, tok, text, 8, opening=False))
         yield f"  「{text}」→ {bars}"

@@ -15,13 +15,14 @@ class ClaimError(AssertionError):
     """A sentence of the notebook is contradicted by this run."""
 
 
-def claim(holds, text: str, evidence: str = "") -> str:
-    """Print ``✓ text`` when ``holds`` is true; otherwise raise :class:`ClaimError` quoting it."""
+def claim(holds, text: str, evidence: str = "") -> None:
+    """Print ``✓ text`` when ``holds`` is true; otherwise raise :class:`ClaimError` quoting it.
+
+    It returns nothing, so a cell that ends with a claim shows its line once.
+    """
     if not isinstance(text, str) or not text:
         raise TypeError(f"text must be the sentence being checked, got {text!r}")
     if not bool(holds):
         raise ClaimError(f"the notebook says “{text}”, but this run disagrees"
                          + (f": {evidence}" if evidence else ""))
-    line = f"✓ {text}" + (f"  ({evidence})" if evidence else "")
-    print(line)
-    return line
+    print(f"✓ {text}" + (f"  ({evidence})" if evidence else ""))

@@ -443,9 +443,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: no traceback
         sys.stderr.write("\n")
         return 128 + signal.SIGINT
-    except (ArithmeticError, MemoryError, OSError, RuntimeError, ValueError, TypeError) as e:
+    except Exception as e:
         # Anything else the run met (a diverged training run, a full disk, a state file that cannot be
-        # read): one line naming it, status 1, never a traceback.
+        # read, npm failing in prepare-data): one line naming it, status 1, never a traceback.
         parser.exit(1, f"{parser.prog} {args.command}: error: {type(e).__name__}: {_one_line(e)}\n")
     return 0
 

@@ -353,6 +353,9 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
 
 def export(model: GPT, tok, cfg: TrainConfig, history: list[dict], metrics: dict, out_dir: Path) -> None:
     """Write the shipped checkpoint, tokenizer, log and loss curve, then their manifest entries."""
+    if not _finite_weights(model):
+        raise FloatingPointError(f"export: {cfg.model}'s weights hold NaN or inf values; a checkpoint is never "
+                                 f"written with them (retrain with a lower learning rate)")
     name = cfg.model
     tok_name = SHARED_TOKENIZER.get(name, name)  # a draft points at its target's tokenizer file
     ckpt = {"config": asdict(model.config), "model": model.state_dict(), "tokenizer": f"{tok_name}.tokenizer.json",

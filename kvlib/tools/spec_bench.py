@@ -242,7 +242,8 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
 
     hf_info = {"installed": transformers_available(), "used": False}
     if with_transformers and hf_info["installed"]:
-        hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total))
+        with torch.random.fork_rng(devices=[]):  # building GPT2LMHeadModel draws initial weights: keep the global RNG
+            hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total))
 
     return {
         "machine": _machine_info(),

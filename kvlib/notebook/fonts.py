@@ -14,7 +14,7 @@ from matplotlib.ft2font import FT2Font
 from ..tools.fonts import FALLBACK_FILES, FONT_FILE
 from ..tools.integrity import verified_path
 
-FONT_SIZE = 13  # points: legible on a projector
+FONT_SIZE = 14  # points: legible on a projector; the smallest text in a plot is FONT_SIZE - 2
 _font_chars: frozenset[int] = frozenset()
 
 

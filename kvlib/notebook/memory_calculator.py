@@ -21,7 +21,7 @@ def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, hig
         raise ValueError(f"highlight must be one of the models shown ({', '.join(names)}), got {highlight!r}")
     check_setting("max_batch", max_batch, 1, 100_000, integer=True)
     main = shapes[names.index(highlight)]
-    fig = Figure(figsize=(13, 5), layout="constrained")
+    fig = Figure(figsize=(plots.MAX_WIDTH, 5.2), layout="constrained")
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.15])
     batches = np.arange(1, max_batch + 1)
     cache_mb = [main.kv_cache_bytes(None, int(b), dtype) / MB for b in batches]
@@ -31,7 +31,7 @@ def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, hig
                label=f"weights ({main.weight_bytes(dtype) / MB:.0f} MB)")
     ax.plot([cross], [main.kv_cache_bytes(None, cross, dtype) / MB], "o", color="black", ms=8)
     ax.annotate(f"batch {cross}: the cache passes the weights", (cross, main.kv_cache_bytes(None, cross, dtype) / MB),
-                xytext=(12, -24), textcoords="offset points", fontsize=plots.FONT_SIZE - 1)
+                xytext=(12, -24), textcoords="offset points", fontsize=plots.FONT_SIZE - 2)
     ax.set_xlabel("batch (sequences)")
     ax.set_ylabel("MB")
     ax.set_title(f"{main.name}, {dtype}, {main.context:,} tokens each")

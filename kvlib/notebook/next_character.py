@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 
 from ..text import top_next
 from ..tokenizer import UnknownCharacterError
-from . import plots
 from .show import LiveWidget, bars_html, check_setting, display, format_top, message_html, require_str, unknown_message
 
 
@@ -24,12 +23,6 @@ class NextView:
     def summary(self) -> str:
         return format_top(self.text, zip(self.chars, self.probs)) if self.ok else self.message
 
-    def figure(self):
-        """The bars as a matplotlib Figure (None when there is only a message)."""
-        if not self.ok:
-            return None
-        shown = self.text if self.text else "(a poem's start)"
-        return plots.bar_top_k(self.chars, self.probs, title=f"「{shown}」→ ?")
 
 
 def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:

@@ -15,15 +15,19 @@ from matplotlib.figure import Figure
 from ..tools.integrity import write_bytes
 from .fonts import FONT_SIZE, char_label, use_cjk_font
 
-BAR_COLOR, HIGHLIGHT_COLOR = "#8fb3d9", "#e07b39"
+from .show import BAR_COLOR, HIGHLIGHT_COLOR
+
+# Figures at most this wide (inches, at 100 dpi: 900 px) keep their text at full size in a notebook at
+# 1280x720, where JupyterLab's output area is about 900 px wide; wider figures would be shrunk.
+MAX_WIDTH = 9.0
 
 use_cjk_font()
 
 
-def figure_png(fig: Figure, dpi: int = 90, fast: bool = False) -> bytes:
-    """A figure as PNG bytes; ``fast`` trades file size for encoding speed (for live widgets)."""
+def figure_png(fig: Figure, dpi: int = 90) -> bytes:
+    """A figure as PNG bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, **({"pil_kwargs": {"compress_level": 1}} if fast else {}))
+    fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
@@ -86,54 +90,13 @@ def bar_panels(panels, title: str | None = None, panel_width: float = 4.4) -> Fi
     """``bar_top_k`` charts side by side, one per panel: ``(chars, probs[, title[, highlight]])``."""
     panels = [tuple(p) + (None,) * (4 - len(p)) for p in panels]
     n_bars = max(len(p[0]) for p in panels)
-    fig = Figure(figsize=(panel_width * len(panels), 1.4 + 0.42 * n_bars), layout="constrained")
+    width = min(panel_width * len(panels), MAX_WIDTH)
+    fig = Figure(figsize=(width, 1.4 + 0.45 * n_bars), layout="constrained")
     for ax, (chars, probs, sub, highlight) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         bar_top_k(chars, probs, title=sub, ax=ax, highlight=highlight)
     if title:
         fig.suptitle(title)
     return fig
-
-
-class LiveBars:
-    """A horizontal bar chart built once and updated in place, so a slider can redraw it quickly.
-
-    ``update`` draws up to ``n_bars`` probabilities (largest on top) with the ``highlight`` tokens
-    in orange and the rest in grey-blue; ``png`` renders the figure to PNG bytes.
-    """
-
-    def __init__(self, n_bars: int = 12, figsize=(6.4, 5.6), dpi: int = 80):
-        self.n_bars, self.dpi = n_bars, dpi
-        self.figure = Figure(figsize=figsize)
-        self.ax = self.figure.add_axes((0.1, 0.1, 0.84, 0.78))
-        y = np.arange(n_bars)
-        self.bars = self.ax.barh(y, np.zeros(n_bars), color=BAR_COLOR)
-        self.labels = [self.ax.text(0, i, "", va="center", fontsize=FONT_SIZE - 2) for i in y]
-        self.ax.set_yticks(y, [""] * n_bars)
-        self.ax.set_ylim(n_bars - 0.5, -0.5)  # the most likely token on top
-        self.ax.xaxis.set_visible(False)  # each bar carries its own "12.3 %" label; fewer texts draw faster
-        self.ax.spines[["top", "right", "bottom"]].set_visible(False)
-
-    def update(self, chars, probs, highlight=(), title: str = "") -> None:
-        pct = 100 * np.asarray(probs.detach().cpu() if hasattr(probs, "detach") else probs, dtype=float).reshape(-1)
-        chars = list(chars)
-        if len(chars) != len(pct):
-            raise ValueError(f"{len(chars)} characters but {len(pct)} probabilities")
-        order = np.argsort(-pct, kind="stable")[: self.n_bars]
-        shown, highlight = [chars[i] for i in order], set(highlight)
-        xmax = max(pct.max(initial=0) * 1.22, 1)
-        for i, bar in enumerate(self.bars):
-            on = i < len(order)
-            bar.set_width(pct[order[i]] if on else 0)
-            bar.set_color(HIGHLIGHT_COLOR if on and shown[i] in highlight else BAR_COLOR)
-            self.labels[i].set_text(f"{pct[order[i]]:.1f} %" if on else "")
-            self.labels[i].set_x((pct[order[i]] if on else 0) + xmax * 0.01)
-        self.ax.set_yticks(np.arange(self.n_bars),
-                           [char_label(c) for c in shown] + [""] * (self.n_bars - len(shown)))
-        self.ax.set_xlim(0, xmax)
-        self.ax.set_title(title, fontsize=FONT_SIZE)
-
-    def png(self) -> bytes:
-        return figure_png(self.figure, self.dpi, fast=True)
 
 
 # ---- notebooks 4-6: the cache, its timing, batches ---------------------------------------------
@@ -160,13 +123,15 @@ def plot_token_forwards(ns, uncached, cached, prompt_length: int, measured=None)
 def plot_masks(masks: dict, row_labels: dict | None = None, col_labels=None,
                xlabel: str = "key position", ylabel: str = "query (new token)") -> Figure:
     """Boolean attention masks side by side: True (may attend) dark, False light; queries are rows."""
-    fig = Figure(figsize=(4.2 * len(masks), 3.6), layout="constrained")
+    fig = Figure(figsize=(min(4.2 * len(masks), MAX_WIDTH), 3.8), layout="constrained")
     axes = fig.subplots(1, len(masks), squeeze=False)[0]
     for ax, (title, mask) in zip(axes, masks.items()):
         m = np.asarray(mask, dtype=float)
         T, S = m.shape
         ax.imshow(m, cmap="Blues", vmin=-0.25, vmax=1.1, interpolation="nearest")
-        ax.set_xticks(range(S), col_labels[:S] if col_labels is not None else range(S))
+        every = 1 if S <= 10 else 2  # more columns: label every other one, so the numbers never run together
+        labels = list(col_labels[:S]) if col_labels is not None else list(range(S))
+        ax.set_xticks(range(0, S, every), labels[::every])
         rows = (row_labels or {}).get(title)
         ax.set_yticks(range(T), rows if rows is not None else range(T))
         ax.set_xticks(np.arange(-0.5, S), minor=True)
@@ -184,14 +149,14 @@ def plot_cache_check(report) -> Figure:
     steps = np.arange(1, report.steps + 1)
     diffs = np.maximum(np.asarray(report.step_diffs), 1e-9)  # log scale: show exact zeros at the floor
     margins = np.asarray(report.margins)
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    fig = Figure(figsize=(MAX_WIDTH, 4.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     ax1.semilogy(steps, diffs, "o-", ms=3, color="tab:blue", label="max |cached − recomputed|")
     ax1.axhline(report.atol, color="tab:red", ls="--", label=f"tolerance {report.atol:g}")
     ax1.set_xlabel("decode step")
     ax1.set_ylabel("logit difference")
     ax1.set_title("cached against recomputed logits")
-    ax1.legend(loc="upper left", fontsize=FONT_SIZE - 2)
+    ax1.legend(loc="center right", fontsize=FONT_SIZE - 2)  # between the tolerance line and the differences
     ax1.grid(alpha=0.3)
     ax2.semilogy(steps, np.maximum(margins, 1e-9), "o-", ms=3, color=HIGHLIGHT_COLOR, label="top-1 − top-2 margin")
     ax2.axhline(report.max_abs_logit_diff, color="tab:blue", ls=":", label="largest difference")
@@ -214,7 +179,7 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
     series = {name: np.asarray(ms, dtype=float) for name, ms in series.items()}
     baseline = baseline or next(iter(series))
     colors = ["tab:blue", HIGHLIGHT_COLOR, "tab:green", "tab:purple", "tab:brown"]
-    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    fig = Figure(figsize=(MAX_WIDTH, 4.8), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
     grid = np.linspace(0, ns.max(), 100)
     for color, (name, ms) in zip(colors, series.items()):
@@ -247,13 +212,13 @@ def plot_token_grid(labels, key_mask, title: str = "") -> Figure:
     """A left-padded batch: one row per prompt, real tokens labelled, padding shaded grey."""
     mask = np.asarray(key_mask, dtype=bool)
     B, T = mask.shape
-    fig = Figure(figsize=(0.62 * T + 2, 0.62 * B + 1.3), layout="constrained")
+    fig = Figure(figsize=(min(0.62 * T + 2, MAX_WIDTH), 0.62 * B + 1.3), layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(np.where(mask, 1.0, 0.25), cmap="Blues", vmin=0, vmax=2.2, aspect="equal", interpolation="nearest")
     for b in range(B):
         for t in range(T):
             ax.text(t, b, char_label(labels[b][t]) if mask[b, t] else "pad", ha="center", va="center",
-                    fontsize=FONT_SIZE if mask[b, t] else FONT_SIZE - 4, color="black" if mask[b, t] else "grey")
+                    fontsize=FONT_SIZE if mask[b, t] else FONT_SIZE - 2, color="black" if mask[b, t] else "grey")
     ax.set_xticks(range(T))
     ax.set_yticks(range(B), [f"row {b}" for b in range(B)])
     ax.set_xticks(np.arange(-0.5, T), minor=True)

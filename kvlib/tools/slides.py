@@ -1,4 +1,4 @@
-"""Slide metadata for the notebooks, so that a teacher can present each one (View > Render as slides).
+"""Slide metadata for the notebooks, so that a teacher can present each one (View > Render as Reveal Slideshow).
 
 The rule follows the notebooks' structure: the title cell and every "## " section start a new slide,
 a "### " heading a sub-slide (below its section in RISE's two-dimensional layout), and every other

@@ -67,3 +67,22 @@ def test_speculate_command_line():
     assert args.func.__name__ == "cmd_speculate"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["speculate", "--rounds", "0"])
+
+
+def test_the_draft_recipe_shares_the_targets_tokenizer(tmp_path, shipped_char):
+    from kvlib.tools import integrity
+    from kvlib.tools.loading import load_pretrained, load_tokenizer
+    from kvlib.tools.training import config_for, train
+
+    cfg = config_for("tang-char-draft", steps=2, batch_size=2, block_size=16, eval_every=1, eval_batches=1,
+                     out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "run"))
+    assert cfg.n_layer == 1 and config_for("tang-char").n_layer == 4
+    shipped = (integrity.DATA_DIR / "tang-char.tokenizer.json").read_bytes()
+    train(cfg, poems=["白日依山尽，黄河入海流。"] * 40, progress=False)
+    ckpt = torch.load(tmp_path / "out" / "tang-char-draft.pt", weights_only=True)
+    assert ckpt["tokenizer"] == "tang-char.tokenizer.json" and ckpt["config"]["n_layer"] == 1
+    assert (tmp_path / "out" / "tang-char.tokenizer.json").read_bytes() == shipped  # the same vocabulary
+    assert (integrity.DATA_DIR / "tang-char.tokenizer.json").read_bytes() == shipped
+    draft, tok = load_pretrained("tang-char-draft")  # the shipped draft: in the manifest, the target's ids
+    assert draft.config.n_layer == 1 and tok.vocab_size == shipped_char[1].vocab_size == draft.config.vocab_size
+    assert load_tokenizer(tmp_path / "out" / "tang-char.tokenizer.json").vocab_size == tok.vocab_size

@@ -176,12 +176,34 @@ def check_weights(model) -> None:
     _FINITE_STATES[model] = state
 
 
-def check_pair(model, tokenizer) -> None:
-    """A tokenizer and a model that belong together: the same number of ids."""
-    v = getattr(tokenizer, "vocab_size", None)
-    if not isinstance(v, int) or not hasattr(tokenizer, "encode"):
+def check_model(model) -> None:
+    """A kvlib GPT (anything with a GPTConfig as ``config`` that can be called on token ids)."""
+    config = getattr(model, "config", None)
+    if not callable(model) or not all(hasattr(config, a) for a in ("vocab_size", "block_size", "n_layer")):
+        raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
+
+
+def check_tokenizer(tokenizer) -> None:
+    """A kvlib tokenizer: CharTokenizer or ByteBPETokenizer (encode, decode, token_bytes, vocab_size)."""
+    if not all(hasattr(tokenizer, a) for a in ("encode", "decode", "token_bytes", "vocab_size", "eos_id")):
         raise TypeError(f"tokenizer must be a kvlib tokenizer (CharTokenizer or ByteBPETokenizer), "
                         f"got {type(tokenizer).__name__}")
+
+
+def check_token_mask(logits, mask, name: str) -> None:
+    """A (V,) bool mask over the vocabulary of (B, V) logits."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1 or (
+            isinstance(logits, torch.Tensor) and logits.shape[-1:] != mask.shape):
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        v = logits.shape[-1] if isinstance(logits, torch.Tensor) else "V"
+        raise ValueError(f"{name} must be a bool tensor of shape (V,) = ({v},), got {got}")
+
+
+def check_pair(model, tokenizer) -> None:
+    """A tokenizer and a model that belong together: the same number of ids."""
+    check_model(model)
+    check_tokenizer(tokenizer)
+    v = tokenizer.vocab_size
     if v != model.config.vocab_size:
         raise ValueError(f"the tokenizer ({getattr(tokenizer, 'kind', '?')}, {v} ids) does not belong to the "
                          f"model ({model.config.vocab_size} ids): load both with load_pretrained(name)")
@@ -355,6 +377,7 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
 def check_generate_inputs(model, idx, max_new_tokens, key_mask, eos_id, on_context_limit, generator,
                           temperature, top_k, top_p) -> tuple[torch.Tensor | None, tuple]:
     """Everything ``generate`` is given, checked once; returns (key_mask as bool, sampling settings)."""
+    check_model(model)
     sampling = check_sampling(temperature, top_k, top_p)
     check_generator(generator)
     if on_context_limit not in ("stop", "raise"):
@@ -371,6 +394,7 @@ def check_generate_inputs(model, idx, max_new_tokens, key_mask, eos_id, on_conte
 
 def check_verify_inputs(model, idx, steps) -> None:
     """``verify_cache``: one int64 prompt (1, P) that fits the block, and 1 <= steps <= block - P + 1."""
+    check_model(model)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
         got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
         raise ValueError(f"verify_cache takes one prompt of shape (1, P), int64, got {got}")
@@ -387,6 +411,7 @@ def check_verify_inputs(model, idx, steps) -> None:
 
 def check_batch_inputs(model, prompts, steps) -> None:
     """``check_batch_consistency``: token-id lists that fit the block, and steps >= 1."""
+    check_model(model)
     prompts = check_token_lists(prompts, 0)
     block = model.config.block_size
     longest = max(len(p) for p in prompts)

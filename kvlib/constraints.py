@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_choice, check_int, check_pair, check_text
+from .checks import check_choice, check_int, check_pair, check_text, check_token_mask, check_tokenizer
 from .decoding import generate
 from .tokenizer import UnknownCharacterError, is_ideograph
 
@@ -17,6 +17,7 @@ LINE_ENDS = "，。"
 
 def punctuation_mask(tokenizer) -> torch.Tensor:
     """(V,) bool: True for every token that is not an ideograph, the poem separator included."""
+    check_tokenizer(tokenizer)
     mask = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
     mask[tokenizer.punctuation_ids] = True
     return mask
@@ -24,17 +25,22 @@ def punctuation_mask(tokenizer) -> torch.Tensor:
 
 def ban(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     """(B, V) logits with the ``banned`` (V,) tokens set to -inf."""
+    check_token_mask(logits, banned, "banned")
     return logits.masked_fill(banned, float("-inf"))
 
 
 def only(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """(B, V) logits with everything outside ``allowed`` (V,) set to -inf."""
+    check_token_mask(logits, allowed, "allowed")
     return logits.masked_fill(~allowed, float("-inf"))
 
 
 def schedule_hook(schedule: list[torch.Tensor]):
     """A logits hook allowing only ``schedule[step]`` (a (V,) bool mask) at each step."""
     def hook(step, tokens, logits):
+        if step >= len(schedule):
+            raise ValueError(f"step {step} is past the schedule's {len(schedule)} positions: ask generate for at "
+                             f"most {len(schedule)} new tokens")
         return only(logits, schedule[step])
     return hook
 
@@ -70,6 +76,7 @@ def acrostic_schedule(tokenizer, heads: str, chars_per_line: int = 7) -> list[to
     if not isinstance(heads, str) or not heads:
         raise ValueError(f"heads must be a non-empty string of Chinese characters, e.g. '春眠不觉', got {heads!r}")
     check_text(heads, "heads")
+    check_tokenizer(tokenizer)
     check_choice("chars_per_line", chars_per_line, (5, 7))
     if tokenizer.kind != "char":
         raise ValueError(f"acrostics need the character model (tang-char): one token per character; "
@@ -104,6 +111,7 @@ def quatrain_schedule(tokenizer, chars_per_line: int = 7, lines: int = 4) -> lis
     """
     check_choice("chars_per_line", chars_per_line, (5, 7))
     lines = check_int("lines", lines, 1)
+    check_tokenizer(tokenizer)
     if tokenizer.kind != "char":
         raise ValueError(f"quatrains need the character model (tang-char): one token per character; "
                          f"got a {tokenizer.kind!r} tokenizer")

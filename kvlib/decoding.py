@@ -29,6 +29,7 @@ class GenerationResult:
 
     def row(self, b: int) -> list[int]:
         """Row ``b`` without its padding: prompt then new tokens."""
+        b = check_int("b", b, 0, self.tokens.shape[0] - 1)
         pad = self.tokens.shape[1] - self.new_tokens.shape[1] - int(self.prompt_lengths[b])
         return self.tokens[b, pad:].tolist()
 
@@ -47,6 +48,8 @@ def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor
 
 def position_ids_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) positions that count real tokens only: padding sits at 0 and is never attended."""
+    if not isinstance(key_mask, torch.Tensor):
+        raise TypeError(f"key_mask must be a (B, T) tensor of True/False, got {type(key_mask).__name__}")
     return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 

@@ -115,6 +115,8 @@ def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
 
 def shape_of(name: str, config) -> ModelShape:
     """The shape of one of our models from its ``GPTConfig``."""
+    if not all(hasattr(config, a) for a in ("n_layer", "n_head", "head_size", "n_embd", "vocab_size", "block_size")):
+        raise TypeError(f"config must be a GPTConfig (e.g. model.config), got {type(config).__name__}")
     return ModelShape(name, config.n_layer, config.n_head, config.n_head, config.head_size,
                       gpt2_params(config.n_layer, config.n_embd, config.vocab_size, config.block_size),
                       config.block_size)

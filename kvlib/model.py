@@ -192,6 +192,7 @@ def attention_mask(T: int, S: int, key_mask: torch.Tensor | None, device=None) -
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
+        check_config(config, GPTConfig)
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),

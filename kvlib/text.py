@@ -119,7 +119,7 @@ def line_lengths(poem: str) -> list[int]:
 
 def format_score(poems: list[str]) -> float:
     """Share of lines with 5 or 7 characters, over all lines of ``poems``."""
-    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)) or not all(isinstance(p, str) for p in poems):
         raise TypeError(f"poems must be a list of str, got {poems!r:.60}")
     lengths = [n for p in poems for n in line_lengths(p)]
     return sum(n in (5, 7) for n in lengths) / max(1, len(lengths))
@@ -129,7 +129,7 @@ def count_followers(poems: list[str], prefix: str) -> dict[str, int]:
     """How often each character follows ``prefix`` in ``poems`` (a poem's end counts as a newline)."""
     if not check_text(prefix, "prefix"):
         raise ValueError("prefix must hold at least one character, got ''")
-    if isinstance(poems, str) or not isinstance(poems, (list, tuple)):
+    if isinstance(poems, str) or not isinstance(poems, (list, tuple)) or not all(isinstance(p, str) for p in poems):
         raise TypeError(f"poems must be a list of str, got {poems!r:.60}")
     counts: dict[str, int] = {}
     for poem in poems:

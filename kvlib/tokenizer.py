@@ -11,7 +11,7 @@ import unicodedata
 from collections import Counter
 from functools import cached_property
 
-from .checks import check_char_table, check_int, check_merges, check_text, check_token_ids
+from .checks import check_char_table, check_int, check_merges, check_text, check_token_ids, check_tokenizer
 
 SEPARATOR = "\n"
 
@@ -232,6 +232,7 @@ class TextStream:
     """
 
     def __init__(self, tokenizer):
+        check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

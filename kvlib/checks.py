@@ -351,7 +351,8 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if int(idx.min()) < 0 or (vocab_size is not None and int(idx.max()) >= vocab_size):
         top = "" if vocab_size is None else f", {vocab_size}"
-        raise ValueError(f"token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}")
+        hint = "" if vocab_size is None else " (the model's vocabulary: were the ids made by another model's tokenizer?)"
+        raise ValueError(f"token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}{hint}")
     if key_mask is None:
         return None
     if not isinstance(key_mask, torch.Tensor) or key_mask.shape != idx.shape:

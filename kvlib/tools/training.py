@@ -106,6 +106,9 @@ def mean_loss(model: GPT, ids: torch.Tensor, batch_size: int = 32, max_batches: 
     """Mean next-token loss in nats over non-overlapping windows of ``ids``."""
     model.eval()
     x, y = windows(ids, model.config.block_size)
+    if len(x) == 0:
+        raise ValueError(f"ids: {len(ids)} tokens hold no window of block_size + 1 = {model.config.block_size + 1}; "
+                         f"give more text")
     total, count = 0.0, 0
     for b, i in enumerate(range(0, len(x), batch_size)):
         if max_batches is not None and b >= max_batches:
@@ -381,8 +384,10 @@ def evaluate(model: GPT, tokenizer, n_poems: int = 200, temperature: float = 0.8
              poems: list[str] | None = None) -> dict:
     """Validation loss in nats per character (comparable across tokenizers) and the format score:
     the share of lines with 5 or 7 characters in ``n_poems`` poems sampled at ``temperature``."""
+    from ..checks import check_pair
     from ..text import format_score, write
 
+    check_pair(model, tokenizer)
     _, val_poems = corpus.split(corpus.load_poems() if poems is None else poems)
     val_ids = torch.tensor(tokenizer.encode_corpus(val_poems), dtype=torch.long)
     val_chars = sum(len(p) + 1 for p in val_poems)

@@ -602,6 +602,13 @@ def with_unfinished_state(w: World, **given):
     return train(tiny_train_config(w, **given), resume=resume, poems=POEMS, progress=False)
 
 
+def resume_from_fifo(w: World, resume: bool = True):
+    cfg = tiny_train_config(w)
+    Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
+    os.mkfifo(Path(cfg.work_dir) / "state.pt")
+    return train(cfg, resume=resume, poems=POEMS, progress=False)
+
+
 def manifest_entry(value):
     def damage(d: Path):
         m = json.loads((d / "MANIFEST.json").read_text())
@@ -916,6 +923,10 @@ TRAIN_CASES = [
     ("[nan] export of NaN weights", lambda w: train_mod.export(nan_weight_model(w), w.tok, tiny_train_config(w), [], {},
                                                            w.tmp / "out"), FloatingPointError,
      ["export", "NaN or inf", "never"]),
+    ("[special] resume from a FIFO state", lambda w: resume_from_fifo(w), IntegrityError,
+     ["state.pt", "FIFO", "training state"]),
+    ("[special] fresh run over a FIFO state", lambda w: resume_from_fifo(w, resume=False), FileExistsError,
+     ["state.pt", "FIFO", "--restart"]),
     ("[train] TrainConfig seed -1", lambda w: tiny_train_config(w, seed=-1), ValueError,
      ["seed", r"\[0, 2\*\*64 - 1\]", "got -1"]),
     ("[train] TrainConfig seed 2**64", lambda w: tiny_train_config(w, seed=2**64), ValueError,

@@ -87,7 +87,7 @@ def model_from_checkpoint(ckpt, path) -> GPT:
         raise DamagedFileError(f"{path}: the weights do not fit its config {config}: {'; '.join(parts)}")
     for k, t in expected.items():
         w = weights[k]
-        if tuple(w.shape) != tuple(t.shape) or w.dtype != t.dtype:
+        if tuple(w.shape) != tuple(t.shape) or w.dtype != t.dtype or w.layout != torch.strided:
             raise DamagedFileError(f"{path}: weight {k} is {w.dtype} {tuple(w.shape)}, but the config needs "
                                    f"{t.dtype} {tuple(t.shape)}")
         if w.is_floating_point() and not bool(torch.isfinite(w).all()):

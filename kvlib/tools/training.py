@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -19,7 +20,8 @@ from ..checks import check_seed
 from ..model import GPT, GPTConfig
 from ..tokenizer import ByteBPETokenizer, CharTokenizer
 from . import corpus
-from .integrity import DATA_DIR, MANIFEST_NAME, record, remove_stale_temporaries, write_bytes, write_json
+from .integrity import (DATA_DIR, MANIFEST_NAME, check_regular_file, record, remove_stale_temporaries, write_bytes,
+                        write_json)
 from .loading import load_tokenizer, save_tokenizer
 
 ROOT = DATA_DIR.parent
@@ -142,6 +144,7 @@ class UnfinishedRunError(FileExistsError):
 
 def read_state(state_path: Path) -> dict:
     """A saved training state (weights only), or RuntimeError saying why it cannot be read."""
+    check_regular_file(state_path, "training state")  # a FIFO would block torch.load forever
     try:
         state = torch.load(state_path, weights_only=True)  # tensors, numbers and strings only
         if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
@@ -161,7 +164,7 @@ def read_state(state_path: Path) -> dict:
 def saved_config(work_dir) -> TrainConfig | None:
     """The configuration of the run saved in ``work_dir``, or None if there is none."""
     path = Path(work_dir) / "state.pt"
-    return TrainConfig(**read_state(path)["config"]) if path.is_file() else None
+    return TrainConfig(**read_state(path)["config"]) if os.path.lexists(path) else None
 
 
 def config_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:

@@ -178,13 +178,23 @@ def _hf_assisted(hf, hf_draft, idx, n, gamma):
 
 def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None, prompts=None, *,
                    gammas=GAMMAS, new_tokens: int = 64, rounds: int = 3, with_transformers: bool = True,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, threads: int = 1) -> dict:
     """Greedy speculative decoding against plain greedy ``generate``, for every draft and γ, side by side.
 
     Each round times plain decoding of every prompt, then every (draft, γ), so a change in the
     machine's load hits all alike; a time is the fastest round's summed time over all prompts (on a
-    shared machine the slower rounds include waiting for a core).
+    shared machine the slower rounds include waiting for a core). Runs with ``threads`` threads (1 is
+    fastest at this size; a second thread waiting for a busy core slows every step), restored after.
     """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress) -> dict:
     from tqdm.auto import tqdm
     import sys
 

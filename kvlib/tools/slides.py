@@ -1,7 +1,7 @@
 """Slide metadata for the notebooks, so that a teacher can present each one (View > Render as Reveal Slideshow).
 
-The rule follows the notebooks' structure: the title cell and every "## " section start a new slide,
-a "### " heading a sub-slide (below its section in RISE's two-dimensional layout), and every other
+The rule follows the notebooks' structure: the title cell and every cell with a "## " section
+heading start a new slide, a cell with a "### " heading a sub-slide (below its section in RISE's two-dimensional layout), and every other
 cell continues the slide before it. Self-checks and exercises start slides of their own because
 they are sections. Run ``python -m kvlib.tools.slides`` after adding cells; a test checks the result.
 """
@@ -18,10 +18,10 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 def slide_type(cell: dict, first: bool) -> str:
     """RISE's slide type for one cell: "slide", "subslide" or "-" (continue)."""
-    source = "".join(cell.get("source", "")).lstrip()
-    if first or (cell["cell_type"] == "markdown" and source.startswith(("# ", "## "))):
+    lines = "".join(cell.get("source", "")).splitlines() if cell["cell_type"] == "markdown" else []
+    if first or any(line.startswith(("# ", "## ")) for line in lines):
         return "slide"
-    if cell["cell_type"] == "markdown" and source.startswith("### "):
+    if any(line.startswith("### ") for line in lines):
         return "subslide"
     return "-"
 

@@ -15,6 +15,7 @@ def test_the_rule():
     assert slide_type(md("## 2. Section"), first=False) == "slide"
     assert slide_type(md("### detail"), first=False) == "subslide"
     assert slide_type(md("More prose"), first=False) == "-"
+    assert slide_type(md("The end of one part.\n\n## 3. The next"), first=False) == "slide"
     assert slide_type({"cell_type": "code", "source": "## not a heading"}, first=False) == "-"
 
 

@@ -408,9 +408,10 @@ def notebook_02(page, name: str) -> None:
     widget.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-explorer-1280x720.png"))
 
 
-def step_widget(page, name: str, label: str, repeats: int = REPEATS) -> None:
-    """Press a widget's Step button; the widget's output must change every time."""
-    button = page.locator(f"{CURRENT} button.jupyter-button", has_text=re.compile(r"^\s*Step\s*$")).first
+def step_widget(page, name: str, label: str, repeats: int = REPEATS, button_text: str = "Step") -> None:
+    """Press a widget's Step (or Round) button; the widget's output must change every time."""
+    button = page.locator(f"{CURRENT} button.jupyter-button",
+                          has_text=re.compile(rf"^\s*{button_text}\s*$")).first
     button.scroll_into_view_if_needed()
     widget = outer_widget(button)
     html = widget.locator(".widget-html-content").last
@@ -457,7 +458,7 @@ def saved_widgets_show(page, name: str) -> None:
 INTERACT = {"01": notebook_01, "02": notebook_02,
             "04": lambda page, name: step_widget(page, name, "Step -> cache picture"),
             "07": lambda page, name: step_widget(page, name, "engine Step -> block pool", 4),
-            "08": lambda page, name: step_widget(page, name, "speculative round Step -> tokens", 4)}
+            "08": lambda page, name: step_widget(page, name, "speculative Round -> tokens", 4, "Round")}
 
 
 @pytest.mark.parametrize("notebook", [nb.name for nb in NOTEBOOKS] or ["(none)"])

@@ -69,3 +69,29 @@ def shipped_bpe():
 def bpe_tokenizer():
     """The shipped BPE tokenizer alone (sha256-checked), for tests that need no model."""
     return load_tokenizer(integrity.verified_path("tang-bpe.tokenizer.json", integrity.DATA_DIR))
+
+
+# ---- the browser test's latency figures, at the end of the run -------------------------------------------
+
+_SESSION_START = [0.0]
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _SESSION_START[0] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the medians tests/test_browser.py measured in this run (a figure, never an assertion)."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "artifacts" / "browser" / "latency.json"
+    if not path.exists() or path.stat().st_mtime < _SESSION_START[0]:
+        return
+    terminalreporter.section("browser latency: key press or click until the output changed")
+    for what, ms in json.loads(path.read_text(encoding="utf-8")).items():
+        terminalreporter.write_line(f"{what:52s} median {statistics.median(ms):5.0f} ms "
+                                    f"({len(ms)} times, {min(ms):.0f}-{max(ms):.0f})")

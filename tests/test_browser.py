@@ -181,21 +181,12 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def latency_report(request):
-    """At the end of the module: the median of every latency measured, on the terminal and in a file."""
+def latency_report():
+    """At the end of the module, the latencies go to a file; tests/conftest.py prints their medians."""
     yield
-    if not LATENCY:
-        return
-    import statistics
-
-    lines = ["browser latency, key press or click -> the output changed (median of each, ms):"]
-    for what, ms in LATENCY.items():
-        lines.append(f"  {what:52s} {statistics.median(ms):7.0f}   ({len(ms)} times, {min(ms):.0f}-{max(ms):.0f})")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "latency.json").write_text(json.dumps(LATENCY, indent=1), encoding="utf-8")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for line in lines:
-        reporter.write_line(line) if reporter else print(line)
+    if LATENCY:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "latency.json").write_text(json.dumps(LATENCY, indent=1), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -142,24 +142,10 @@ def test_exported_checkpoint_loads_with_weights_only(full_run):
 
 # ---- resuming -------------------------------------------------------------------------------
 
-class Interrupted(Exception):
-    pass
-
-
-def test_resume_after_an_interruption_matches_an_uninterrupted_run(full_run, tmp_path, monkeypatch):
+def test_resume_after_an_interruption_matches_an_uninterrupted_run(full_run, tmp_path, interrupt_training):
     full_cfg, full_metrics = full_run
     cfg = tiny_config(tmp_path, "resumed")
-    real_lr_at = train_mod.lr_at
-
-    def crash_at_20(step, c):
-        if step == 20:
-            raise Interrupted
-        return real_lr_at(step, c)
-
-    monkeypatch.setattr(train_mod, "lr_at", crash_at_20)
-    with pytest.raises(Interrupted):
-        train(cfg, poems=POEMS, progress=False)
-    monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
+    interrupt_training(cfg, 20, POEMS)
 
     state = torch.load(Path(cfg.work_dir) / "state.pt", weights_only=False)
     assert state["step"] == 20 and len(state["history"]) == 20

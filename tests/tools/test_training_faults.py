@@ -154,32 +154,11 @@ def test_a_killed_write_leaves_the_previous_state_and_resume_clears_its_debris(t
 
 # ---- never destroying state: fresh over unfinished, resume with other settings, divergence --------
 
-class Interrupted(Exception):
-    pass
-
-
-def interrupted_run(monkeypatch, cfg: TrainConfig, at: int) -> None:
-    """Run ``cfg`` until an exception at step ``at`` (as Ctrl-C would), leaving its saved state."""
-    from kvlib.tools import training as T
-
-    real = T.lr_at
-
-    def stop(step, c):
-        if step == at:
-            raise Interrupted
-        return real(step, c)
-
-    monkeypatch.setattr(T, "lr_at", stop)
-    with pytest.raises(Interrupted):
-        train(cfg, poems=POEMS, progress=False)
-    monkeypatch.setattr(T, "lr_at", real)
-
-
-def test_a_fresh_run_refuses_to_replace_an_unfinished_one_until_told(tmp_path, monkeypatch):
+def test_a_fresh_run_refuses_to_replace_an_unfinished_one_until_told(tmp_path, interrupt_training):
     from kvlib.tools.training import UnfinishedRunError
 
     cfg = TrainConfig(**{**asdict(config(tmp_path, "kept")), "steps": 12})
-    interrupted_run(monkeypatch, cfg, 9)  # saved at step 8 (save_every 4)
+    interrupt_training(cfg, 9, POEMS)  # saved at step 8 (save_every 4)
     before = (Path(cfg.work_dir) / "state.pt").read_bytes()
     with pytest.raises(UnfinishedRunError, match=r"unfinished run \(step 8 of 12\).*--resume.*--restart"):
         train(cfg, poems=POEMS, progress=False)

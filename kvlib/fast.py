@@ -1,4 +1,4 @@
-"""The fast decode path: the teaching GPT's arithmetic, rearranged for one new token at a time.
+"""The fast decode path: the teaching GPT's arithmetic, rearranged for a few new tokens at a time.
 
 ``model.py`` is written to be read. ``FastDecoder`` computes the same numbers (logits within 1e-4,
 the same greedy tokens: ``tests/test_fast.py`` checks it like ``verify_cache`` does) with far less
@@ -16,11 +16,15 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
 - the cache's keys and values are the two halves of one buffer, so one ``index_copy_`` per layer
   writes both;
 - the head multiplies by a (C, V) copy of the tied embedding;
-- every buffer and view the one-token step touches is made once, at construction.
+- every buffer and view a step touches is made once: at construction for one token a row, on
+  first use for T tokens a row.
 
-Only the one-token step is rewritten. Everything else (the prefill, padded batches, explicit
-positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer, so the
-forward pass is written once and the step is tested against it.
+Only the decode step is rewritten: one new token a row when decoding, a few (T <= 16) when
+speculative decoding checks a round of guesses (notebook 8, :meth:`FastDecoder.extend`). A step of T
+tokens is the one-token step on T rows a sequence, with the bottom-right causal mask of notebook 4
+(an additive one, 0 or -inf, sliced from one table). Everything else (the prefill, padded batches,
+explicit positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer,
+so the forward pass is written once and the step is tested against it.
 
 The step reads copies of the weights in its own layout (:class:`StepWeights`, about 7 MB for the
 char model, a few ms to build). They are built once per state of the model and shared by every
@@ -40,9 +44,10 @@ import torch.nn.functional as F
 from .checks import ContextLimitError
 from .model import GPT
 
-__all__ = ["FastDecoder", "StepWeights", "step_weights"]
+__all__ = ["FastDecoder", "MAX_STEP_TOKENS", "StepWeights", "step_weights"]
 
 SQRT_HALF = math.sqrt(0.5)
+MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
 
 
 def _copy(*params: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -127,14 +132,16 @@ class FastDecoder:
 
     One new token per row without a mask or explicit positions (unpadded decoding) takes the lean
     step; anything else (the prefill, padded batches) runs ``GPT.forward`` over the same cache.
-    Each call returns a new logits tensor; the decoder's other buffers are reused.
+    :meth:`extend` appends a few tokens per row with the lean step and returns the logits after
+    each of them (speculative decoding's verify pass). Each call returns a new logits tensor; the
+    decoder's other buffers are reused.
     """
 
     @torch.inference_mode()
     def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
         cfg = model.config
         cache = model.new_cache(batch_size, max_len)  # checks batch_size and max_len
-        B, H, D, C = batch_size, cfg.n_head, cfg.head_size, cfg.n_embd
+        B = batch_size
         weight = model.transformer.wte.weight
         like = dict(device=weight.device, dtype=weight.dtype)
         self.model, self.config, self.batch_size, self.max_len = model, cfg, B, cache.max_len
@@ -149,54 +156,100 @@ class FastDecoder:
         self.head, self.wte, self.wpe, self.ln_f, self.eps, self.layers = w.head, w.wte, w.wpe, w.ln_f, w.eps, w.layers
         self.positions = torch.arange(self.max_len, device=like["device"])  # slices of it index the cache
 
-        # Buffers of the one-token step. y1 and g1 end in a column of ones (the bias inputs).
-        self._x = torch.empty(B, C, **like)                          # the residual stream
-        self._x3 = self._x.view(B, 1, C)
-        self._qkv = torch.empty(B, 3 * C, **like)
-        self._q = self._qkv[:, :C].view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
-        self._new_kv = self._qkv[:, C:].view(B, 1, 2, H, D).permute(2, 0, 3, 1, 4)  # (2, B, H, 1, D)
-        self._y1 = torch.ones(B, C + 1, **like)
-        self._y = self._y1[:, :C].view(B, 1, H, D).transpose(1, 2)   # (B, H, 1, D): attention's output
-        self._u = torch.empty(B, 4 * C, **like)                      # MLP pre-activation / sqrt(2)
-        self._erf = torch.empty(B, 4 * C, **like)
-        self._g1 = torch.ones(B, 4 * C + 1, **like)
-        self._g = self._g1[:, :4 * C]
+        self._buffers = {1: _StepBuffers(B, 1, cfg, like)}         # per T: the step's buffers
+        self._causal = None                                          # (max_len, max_len), on first T > 1
 
     def __call__(self, idx: torch.Tensor, key_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.is_inference_mode_enabled():
             with torch.inference_mode():
                 return self(idx, key_mask, position_ids)
-        B, T = idx.shape
-        start = self.cache.length
-        S = start + T
-        if B != self.batch_size:
-            raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
-        if S > self.max_len:
-            raise ContextLimitError(
-                f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {self.max_len}")
+        T = self._check(idx)
         if T == 1 and key_mask is None and position_ids is None:
-            return self._step(idx, start)
+            return self._step(idx, every=False)
         logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
         return logits[:, -1]  # (B, V)
 
-    def _step(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
-        """One new token per row at position ``pos``, no padding: 10 + 11 per layer ATen calls (54 for 4)."""
-        shape, eps = (self.config.n_embd,), self.eps
-        at = self.positions.narrow(0, pos, 1)                        # (1,): the new token's cache slot
-        keys = self.cache.k.narrow(3, 0, pos + 1).unbind(0)          # per layer: (B, H, S, D)
-        values = self.cache.v.narrow(3, 0, pos + 1).unbind(0)
-        x, qkv, new_kv, q, y, y1, u, erf, g, g1 = (self._x, self._qkv, self._new_kv, self._q, self._y, self._y1,
-                                                   self._u, self._erf, self._g, self._g1)
-        torch.add(F.embedding(idx, self.wte), self.wpe[pos], out=self._x3)
+    def extend(self, idx: torch.Tensor) -> torch.Tensor:
+        """Append ``idx`` (B, T) to the cache in one pass; (B, T, V): the logits after every new token.
+
+        The lean step for T <= ``MAX_STEP_TOKENS``, ``GPT.forward`` for longer chunks.
+        """
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.extend(idx)
+        T = self._check(idx)
+        if T <= MAX_STEP_TOKENS:
+            return self._step(idx, every=True).view(self.batch_size, T, -1)
+        return self.model(idx, cache=self.cache)[0]
+
+    def _check(self, idx: torch.Tensor) -> int:
+        B, T = idx.shape
+        start = self.cache.length
+        if B != self.batch_size:
+            raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
+        if start + T > self.max_len:
+            raise ContextLimitError(
+                f"{T} new token(s) after {start} cached ones need {start + T} positions; the cache holds {self.max_len}")
+        return T
+
+    def _mask(self, pos: int, T: int) -> torch.Tensor | None:
+        """(T, pos + T) additive causal mask: new token i sees the cached keys and new tokens 0 … i."""
+        if T == 1:
+            return None  # one new token sees every key
+        if self._causal is None:
+            L = self.max_len
+            self._causal = torch.zeros(L, L, dtype=self._buffers[1].x.dtype).masked_fill_(
+                ~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))  # row p: query at position p
+        # SDPA's fused kernel takes an additive mask; a boolean one sends it down a slower path.
+        return self._causal.narrow(0, pos, T).narrow(1, 0, pos + T)
+
+    def _step(self, idx: torch.Tensor, every: bool) -> torch.Tensor:
+        """T new tokens per row after the cached ones, no padding; (B, V) logits of the last, or
+        (B * T, V) of every one. For T = 1: 10 + 11 per layer ATen calls (54 for 4)."""
+        B, T = idx.shape
+        pos, shape, eps = self.cache.length, (self.config.n_embd,), self.eps
+        buf = self._buffers.get(T)
+        if buf is None:
+            buf = self._buffers[T] = _StepBuffers(B, T, self.config, dict(device=self.kv.device, dtype=self.kv.dtype))
+        at = self.positions.narrow(0, pos, T)                        # (T,): the new tokens' cache slots
+        mask = self._mask(pos, T)
+        keys = self.cache.k.narrow(3, 0, pos + T).unbind(0)          # per layer: (B, H, S, D)
+        values = self.cache.v.narrow(3, 0, pos + T).unbind(0)
+        x, qkv, new_kv, q, y, y1, u, erf, g, g1 = (buf.x, buf.qkv, buf.new_kv, buf.q, buf.y, buf.y1,
+                                                   buf.u, buf.erf, buf.g, buf.g1)
+        torch.add(F.embedding(idx, self.wte), self.wpe.narrow(0, pos, T), out=buf.x3)
         # torch.layer_norm is what F.layer_norm calls, minus a Python wrapper (a microsecond a call).
         for w, kv, k, v in zip(self.layers, self._kv, keys, values):
             torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv, out=qkv)
-            kv.index_copy_(3, at, new_kv)                            # this token's keys and values, one copy
-            y.copy_(F.scaled_dot_product_attention(q, k, v))
+            kv.index_copy_(3, at, new_kv)                            # these tokens' keys and values, one copy
+            y.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
             x.addmm_(y1, w.w_proj1)                                  # x += y @ W + b
             torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc, out=u)
             torch.addcmul(u, u, torch.erf(u, out=erf), out=g)        # g = u (1 + erf(u))
             x.addmm_(g1, w.w_out1)                                   # x += g @ W + b
-        self.cache.advance(1)
-        return torch.mm(torch.layer_norm(x, shape, *self.ln_f, eps), self.head)  # (B, V)
+        self.cache.advance(T)
+        last = x if every or T == 1 else buf.x3[:, -1]               # (B * T, C) or (B, C)
+        return torch.mm(torch.layer_norm(last, shape, *self.ln_f, eps), self.head)
+
+
+class _StepBuffers:
+    """The buffers of a step of T new tokens for each of B rows, as (B * T)-row matrices and their views.
+
+    ``y1`` and ``g1`` end in a column of ones (the bias inputs of the residual projections).
+    """
+
+    def __init__(self, B: int, T: int, cfg, like: dict):
+        R, C, H, D = B * T, cfg.n_embd, cfg.n_head, cfg.head_size
+        self.x = torch.empty(R, C, **like)                           # the residual stream
+        self.x3 = self.x.view(B, T, C)
+        self.qkv = torch.empty(R, 3 * C, **like)
+        qkv = self.qkv.view(B, T, 3, H, D)
+        self.q = qkv[:, :, 0].transpose(1, 2)                        # (B, H, T, D)
+        self.new_kv = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)           # (2, B, H, T, D)
+        self.y1 = torch.ones(R, C + 1, **like)
+        self.y = self.y1[:, :C].view(B, T, H, D).transpose(1, 2)     # (B, H, T, D): attention's output
+        self.u = torch.empty(R, 4 * C, **like)                       # MLP pre-activation / sqrt(2)
+        self.erf = torch.empty(R, 4 * C, **like)
+        self.g1 = torch.ones(R, 4 * C + 1, **like)
+        self.g = self.g1[:, :4 * C]

@@ -2,16 +2,16 @@
 
 Reading order: the draft interface (:class:`Draft`) and two drafts, one that is not a network at all
 (:class:`NgramDraft`, the most frequent next token after the last one or two, counted in a corpus)
-and a small network with the target's tokenizer (:class:`NeuralDraft`); the target's verify pass
-(:func:`verify_logits`, several new tokens over the cache in one forward); the acceptance rules
+and a small network with the target's tokenizer (:class:`NeuralDraft`); the acceptance rules
 (:func:`accept_greedy`, :func:`accept_sampled`); and the loop that joins them
 (:class:`SpeculativeDecoder`, one round at a time, and :func:`speculative_generate`).
 
 One round, with the target's cache holding every token but the last one:
 
 1. the draft proposes d1 … dγ after the tokens so far;
-2. the target runs once over [last, d1, …, dγ] (γ + 1 new tokens, the bottom-right causal mask),
-   which gives its next-token logits after every prefix: after last, after d1, …, after dγ;
+2. the target runs once over [last, d1, …, dγ] (γ + 1 new tokens, the bottom-right causal mask:
+   ``FastDecoder.extend``, the fast path's step on γ + 1 rows), which gives its next-token logits
+   after every prefix: after last, after d1, …, after dγ;
 3. the drafted tokens are kept while the target agrees; at the first disagreement the target's own
    token replaces the draft's, and when all γ were kept the logits after dγ give one token more
    (the bonus). Every round therefore writes at least one token, at most γ + 1;
@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from .checks import ContextLimitError, check_generate_inputs, check_int
 from .decoding import GenerationResult
 from .fast import FastDecoder
-from .model import GPT, causal_mask
+from .model import GPT
 from .sampling import probabilities
 
-__all__ = ["Draft", "NgramDraft", "NeuralDraft", "verify_logits", "accept_greedy", "accept_sampled",
+__all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sampled",
            "Round", "SpeculativeDecoder", "SpeculativeResult", "speculative_generate", "expected_tokens_per_round"]
 
 
@@ -188,42 +188,6 @@ class NeuralDraft(Draft):
         return out, (torch.stack(qs) if qs else None)
 
 
-# ---- the target's verify pass ---------------------------------------------------------------------
-
-@torch.inference_mode()
-def verify_logits(decoder: FastDecoder, idx: torch.Tensor) -> torch.Tensor:
-    """Append ``idx`` (1, T) to ``decoder``'s cache in one forward; the (T, V) logits after each token.
-
-    The same arithmetic as ``GPT.forward(idx, cache=...)`` (logits within 1e-4, tested), in the fast
-    path's layout: rows of T tokens, ``addmm`` against pre-transposed weights, and the bottom-right
-    causal mask so that new token i sees the cached keys and new tokens 0 … i. The teaching forward
-    works too but spends several times longer on module calls and mask building.
-    """
-    cache, T = decoder.cache, idx.shape[1]
-    start, C = cache.length, decoder.config.n_embd
-    S, H, D = start + T, decoder.config.n_head, decoder.config.head_size
-    if S > decoder.max_len:
-        raise ContextLimitError(f"{T} new token(s) after {start} cached ones need {S} positions; "
-                                f"the cache holds {decoder.max_len}")
-    shape, eps = (C,), decoder.eps
-    # An additive mask (0 or -inf) of the bottom-right causal pattern: SDPA's fused kernel takes it,
-    # where a boolean mask sends it down a slower path. One new token sees every key: no mask.
-    mask = None if T == 1 else torch.zeros(T, S, device=idx.device).masked_fill_(~causal_mask(T, S, idx.device),
-                                                                                  float("-inf"))
-    x = F.embedding(idx[0], decoder.wte) + decoder.wpe[start:S]            # (T, C)
-    for layer, w in enumerate(decoder.layers):
-        qkv = torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv)  # (T, 3C)
-        q, k, v = qkv.view(1, T, 3, H, D).permute(2, 0, 3, 1, 4)           # each (1, H, T, D)
-        cache.k[layer, :, :, start:S] = k
-        cache.v[layer, :, :, start:S] = v
-        y = F.scaled_dot_product_attention(q, cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], attn_mask=mask)
-        x = torch.addmm(x + w.w_proj1[C], y[0].transpose(0, 1).reshape(T, C), w.w_proj1[:C])
-        u = torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc)    # a / sqrt(2)
-        x = torch.addmm(x + w.w_out1[4 * C], u * (1 + torch.erf(u)), w.w_out1[:4 * C])
-    cache.advance(T)
-    return torch.layer_norm(x, shape, *decoder.ln_f, eps) @ decoder.head   # (T, V)
-
-
 # ---- the acceptance rules ---------------------------------------------------------------------------
 
 def accept_greedy(drafted: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
@@ -361,7 +325,7 @@ class SpeculativeDecoder:
         if q is not None:
             q = q[: len(drafted)]
         assert self.target.cache.length == N - 1
-        logits = verify_logits(self.target, torch.tensor([self.tokens[-1:] + drafted]))  # (n + 1, V)
+        logits = self.target.extend(torch.tensor([self.tokens[-1:] + drafted]))[0]  # (n + 1, V), one pass
         if greedy:
             n, token = accept_greedy(drafted, logits)
         else:

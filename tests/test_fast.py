@@ -114,6 +114,55 @@ def test_chunks_after_a_prefill_use_the_bottom_right_causal_mask(random_gpt):
     assert side_by_side(random_gpt, 1, feeds) <= ATOL
 
 
+def extend_side_by_side(model, batch_size: int, chunks) -> float:
+    """Feed chunks to ``FastDecoder.extend`` and to ``GPT.forward`` over a KVCache; the largest difference."""
+    dec, cache = FastDecoder(model, batch_size), model.new_cache(batch_size)
+    worst = 0.0
+    with torch.inference_mode():
+        for idx in chunks:
+            fast = dec.extend(idx)
+            plain, _ = model(idx, cache=cache)
+            assert fast.shape == plain.shape == idx.shape + (model.config.vocab_size,)
+            assert torch.equal(fast.argmax(-1), plain.argmax(-1))
+            worst = max(worst, max_diff(fast, plain))
+            assert dec.cache.length == cache.length
+    return worst
+
+
+@SHAPES
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_extend_gives_the_logits_after_every_new_token(models, shape, batch_size):
+    model = models[shape]
+    V = model.config.vocab_size
+    lengths = (5, 1, 3, 4, 2) if shape == "tiny" else (5, 1, 3, 6, 9, 16, 2, 30)  # 30: through GPT.forward
+    chunks = [prompt(T, V, seed=T, batch=batch_size) for T in lengths]
+    assert extend_side_by_side(model, batch_size, chunks) <= ATOL
+
+
+def test_extend_after_a_roll_back_overwrites_the_rejected_slots(random_gpt):
+    V = SHIPPED_VOCAB
+    dec = FastDecoder(random_gpt, 1)
+    with torch.inference_mode():
+        dec.extend(prompt(10, V))
+        dec.extend(prompt(4, V, seed=1))
+        dec.cache.length = 11                                   # keep one of the four
+        again = dec.extend(prompt(3, V, seed=2))
+        cache = random_gpt.new_cache(1)
+        random_gpt(torch.cat([prompt(10, V), prompt(4, V, seed=1)[:, :1]], 1), cache=cache)
+        want, _ = random_gpt(prompt(3, V, seed=2), cache=cache)
+    assert max_diff(again, want) <= ATOL
+
+
+def test_extend_checks_like_a_call(tiny_gpt):
+    dec = FastDecoder(tiny_gpt, 1)
+    with pytest.raises(ContextLimitError, match="cache holds 16"):
+        dec.extend(prompt(17, 64))
+    with pytest.raises(ValueError, match="batch_size=1"):
+        dec.extend(prompt(2, 64, batch=2))
+    assert dec.cache.length == 0
+    assert dec.extend(prompt(2, 64)).shape == (1, 2, 64)  # outside inference mode too
+
+
 # ---- the context limit -------------------------------------------------------------------------
 
 def test_context_limit_stops_at_129_tokens_through_the_fast_path(random_gpt):

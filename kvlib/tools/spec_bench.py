@@ -23,8 +23,7 @@ import torch
 from ..decoding import generate
 from ..fast import FastDecoder
 from ..model import GPT
-from ..speculative import (Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate,
-                           verify_logits)
+from ..speculative import Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate
 from ..text import encode_prompt
 from .bench import to_transformers, transformers_available
 
@@ -131,8 +130,8 @@ def _fastest_us(fn, repeats: int = 30) -> float:
 
 @torch.inference_mode()
 def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats: int = 30) -> dict:
-    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, one guess of each draft
-    (each the fastest of ``repeats`` calls)."""
+    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, the head's matrix product
+    alone over T rows, and one guess of each draft (each the fastest of ``repeats`` calls)."""
     context = min(context, model.config.block_size - 9)  # room for the longest verify pass
     dec = FastDecoder(model, 1)
     dec(torch.zeros(1, context, dtype=torch.long))
@@ -147,7 +146,7 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats
 
         def run():
             dec.cache.length = context
-            verify_logits(dec, chunk)
+            dec.extend(chunk)
         return run
 
     tokens = list(range(1, context + 1))
@@ -158,9 +157,40 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats
         g2 = _fastest_us(lambda d=d: d.propose(tokens, 2), repeats)
         g1 = _fastest_us(lambda d=d: d.propose(tokens, 1), repeats)
         guesses[name] = max(g2 - g1, 0.0)
+    def head(T):
+        x = torch.randn(T, model.config.n_embd, generator=torch.Generator().manual_seed(T))
+        return lambda: torch.mm(x, dec.head)  # (T, C) @ (C, V): the largest product of a pass
+
     return {"step_us": _fastest_us(step, repeats),
             "verify_us": {T: _fastest_us(verify(T), repeats) for T in range(1, 10)},
+            "head_us": {T: _fastest_us(head(T), repeats) for T in range(1, 10)},
             "guess_us": guesses}
+
+
+# ---- the cost model -------------------------------------------------------------------------------
+
+def round_us(costs: dict, guess_us: float, gamma: int) -> float:
+    """What one round costs: γ guesses and one verify pass of γ + 1 tokens."""
+    return gamma * guess_us + costs["verify_us"][min(gamma + 1, max(costs["verify_us"]))]
+
+
+def perfect_draft_speedup(costs: dict, guess_us: float, gammas=GAMMAS) -> float:
+    """The speed-up over plain decode steps of a draft that is always right (α = 1), at its best γ:
+    γ + 1 steps' worth of tokens a round for the price of the round."""
+    return max((g + 1) * costs["step_us"] / round_us(costs, guess_us, g) for g in gammas)
+
+
+def alpha_needed(costs: dict, guess_us: float, gamma: int, speedup: float = TARGET_SPEEDUP) -> float | None:
+    """The smallest α whose expected tokens a round, (1 − α^(γ+1)) / (1 − α), make a round ``speedup``
+    times cheaper per token than plain decode steps; None when even α = 1 cannot."""
+    need = speedup * round_us(costs, guess_us, gamma) / costs["step_us"]  # tokens a round must write
+    if need > gamma + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):  # bisection: the expected tokens grow with α
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_round(mid, gamma) < need else (lo, mid)
+    return hi
 
 
 # ---- the benchmark --------------------------------------------------------------------------------
@@ -243,11 +273,14 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
             us = min(times[name, g]) / total * 1e6
             s = stats[name, g]
             # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
-            model_us = (g * costs["guess_us"][name] + costs["verify_us"][min(g + 1, 9)]) / s["tokens_per_call"]
+            model_us = round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
             per_gamma.append({"gamma": g, **s, "us_per_token": us, "speedup": plain_us / us,
                               "modelled_us_per_token": model_us, "same_tokens": same[name, g]})
         best = min(per_gamma, key=lambda r: r["us_per_token"])
-        report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"]}
+        guess = costs["guess_us"][name]
+        report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"],
+                               "alpha_needed": alpha_needed(costs, guess, best["gamma"]),
+                               "perfect_draft_speedup": perfect_draft_speedup(costs, guess, gammas)}
     better = max(report_drafts, key=lambda n: report_drafts[n]["best_speedup"])
 
     hf_info = {"installed": transformers_available(), "used": False}
@@ -333,6 +366,8 @@ def format_report(report: dict) -> str:
     c = report["costs"]
     lines.append(f"costs: decode step {c['step_us']:.0f} us; verify pass of T tokens: "
                  + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " us")
+    lines.append("       the head's product alone over T rows: "
+                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["head_us"].items()) + " us")
     lines.append("       one guess: " + ", ".join(f"{n} {us:.0f} us" for n, us in c["guess_us"].items()))
     for name, res in report["results"].items():
         lines += ["", f"draft: {name} {report['drafts'][name]}",
@@ -342,7 +377,11 @@ def format_report(report: dict) -> str:
             lines.append(f"  {r['gamma']:2d} {r['alpha']:6.3f} {r['tokens_per_call']:8.2f} {r['formula']:8.2f} "
                          f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['speedup']:7.2f}x "
                          f"{r['same_tokens']}")
-        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy")
+        need = res["alpha_needed"]
+        goal = (f"{report['target_speedup']}x is out of reach even at α = 1" if need is None else
+                f"{report['target_speedup']}x needs α >= {need:.2f}")
+        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy; at that γ {goal}; "
+                     f"a draft always right could give {res['perfect_draft_speedup']:.2f}x")
     better = report["better_draft"]
     lines += ["", f"better draft: {better}, {report['results'][better]['best_speedup']:.2f}x; target >= "
                   f"{report['target_speedup']}x: {'met' if report['target_met'] else 'NOT met'} in this run"]

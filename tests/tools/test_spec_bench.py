@@ -42,7 +42,8 @@ def test_report_structure_and_text():
             assert r["same_tokens"] is True and 0 <= r["alpha"] <= 1
             assert 1 <= r["tokens_per_call"] <= r["gamma"] + 1 and 1 <= r["formula"] <= r["gamma"] + 1
             assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
-    assert set(report["costs"]) == {"step_us", "verify_us", "guess_us"} and len(report["costs"]["verify_us"]) == 9
+    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us"}
+    assert len(report["costs"]["verify_us"]) == len(report["costs"]["head_us"]) == 9
     text = spec_bench.format_report(report)
     assert "best γ" in text and "draft: neural" in text and "target >= 1.3x" in text
 

@@ -277,21 +277,21 @@ class PagedBatch:
 
     def __init__(self, cache: PagedKVCache, sids: list, new_tokens: list[list[int]]):
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
-        b = cache.block_size
-        ctx = torch.tensor([cache.tables[s].length for s in sids])            # (B,) tokens already stored
-        new = torch.tensor([len(t) for t in new_tokens])                       # (B,)
-        total = ctx + new
-        B, T, S = len(sids), int(new.max()), int(total.max())
+        b, tables = cache.block_size, [cache.tables[s] for s in sids]
+        # Python lists first, one tensor each: this runs before every forward pass.
+        n_new = [len(t) for t in new_tokens]
+        totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
+        B, T, S = len(sids), max(n_new), max(totals)
         self.length, self.max_len = S - T, S  # GPT.forward: positions start at length, S keys in all
-        self.idx = torch.zeros(B, T, dtype=torch.long)
-        for r, t in enumerate(new_tokens):
-            self.idx[r, T - len(t):] = torch.tensor(t)
-        width = max(len(cache.tables[s].blocks) for s in sids)
-        table = torch.tensor([cache.tables[s].blocks + [0] * (width - len(cache.tables[s].blocks)) for s in sids])
+        self.idx = torch.tensor([[0] * (T - len(t)) + list(t) for t in new_tokens])  # (B, T), left-padded
+        width = max(len(table.blocks) for table in tables)
+        table = torch.tensor([t.blocks + [0] * (width - len(t.blocks)) for t in tables])  # (B, blocks)
+        total, new = torch.tensor(totals), torch.tensor(n_new)                 # (B,) each
         pos = torch.arange(S)[None] - (S - total)[:, None]                     # (B, S) position held by a column
         real = pos >= 0
         pos = pos.clamp(min=0)
         self.read_slots = table.gather(1, pos // b) * b + pos % b             # (B, S) slot of every column
+        self._read = self.read_slots.flatten()                                 # (B * S,) for index_select
         self.key_mask = None if bool(real.all()) else real
         self.position_ids = pos[:, S - T:]                                     # (B, T)
         new_cols = torch.arange(T)[None] >= (T - new)[:, None]                 # (B, T) real new tokens
@@ -299,12 +299,18 @@ class PagedBatch:
         self.write_slots = self.read_slots[:, S - T:][new_cols]                # (N,) where they go
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D)."""
-        pool = self.cache.pool
-        pool.k[layer, self.write_slots] = k.transpose(1, 2)[self.write_rows, self.write_cols]  # (N, H, D)
-        pool.v[layer, self.write_slots] = v.transpose(1, 2)[self.write_rows, self.write_cols]
-        return (pool.k[layer, self.read_slots].transpose(1, 2),  # (B, S, H, D) -> (B, H, S, D)
-                pool.v[layer, self.read_slots].transpose(1, 2))
+        """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D).
+
+        ``index_copy_`` and ``index_select`` along the pool's slot axis do the scatter and the gather:
+        the same as indexing with ``[slots]``, several times faster on the CPU.
+        """
+        pool, (B, S) = self.cache.pool, self.read_slots.shape
+        shape = (B, S) + tuple(k.shape[1:2]) + tuple(k.shape[3:])          # (B, S, H, D)
+        out = []
+        for store, new in ((pool.k[layer], k), (pool.v[layer], v)):
+            store.index_copy_(0, self.write_slots, new.transpose(1, 2)[self.write_rows, self.write_cols])  # (N, H, D)
+            out.append(store.index_select(0, self._read).view(shape).transpose(1, 2))  # (B, H, S, D)
+        return tuple(out)
 
     def advance(self, n: int) -> None:
         for sid, t in zip(self.sids, self.new_tokens):

@@ -146,16 +146,20 @@ class Engine:
     """Continuous batching (iteration-level scheduling) over a :class:`PagedKVCache`.
 
     Each ``step()`` is one forward pass. If waiting requests have arrived and fit (free blocks for
-    their tokens, at most ``max_num_seqs`` running, at most ``max_num_batched_tokens`` in one
-    prefill), they are admitted and prefilled together; otherwise every running sequence decodes one
+    their tokens with ``watermark`` of the pool still free after them, at most ``max_num_seqs``
+    running, at most ``max_num_batched_tokens`` in one prefill), they are admitted and prefilled together; otherwise every running sequence decodes one
     token in one batched forward. A sequence that reaches its length is retired at once and its
     blocks go back to the pool. When the running sequences need more blocks than are free, the
     newest one is preempted: its blocks are freed and it waits again at the head of the queue, to
-    be recomputed (prompt and tokens so far, as one prefill) when blocks are free.
+    be recomputed (prompt and tokens so far, as one prefill) when blocks are free. The watermark
+    (vLLM's scheduler keeps one too) leaves the running sequences room to grow, so that a new
+    admission does not cause a preemption at the next block boundary; a pool with nothing running
+    admits without it.
     """
 
     def __init__(self, model: GPT, num_blocks: int, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 1024, enable_prefix_caching: bool = False, clock: Clock | None = None):
+                 max_num_batched_tokens: int = 1024, watermark: float = 0.05, enable_prefix_caching: bool = False,
+                 clock: Clock | None = None):
         self.model = model
         block = model.config.block_size
         num_blocks = check_int("num_blocks", num_blocks, -(-block // block_size), None,
@@ -164,6 +168,10 @@ class Engine:
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, block, None,
                                                 f"an int >= the block size {block}")
+        if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be the share of blocks kept free at admission, a number in [0, 1), "
+                             f"got {watermark!r}")
+        self.watermark_blocks = int(watermark * num_blocks)
         p = model.lm_head.weight
         self.cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
                                   device=p.device, dtype=p.dtype)
@@ -192,7 +200,8 @@ class Engine:
             seq = self.waiting[0]
             n = len(seq.tokens)
             blocks = self.cache.blocks_needed(n + 1)  # +1: room for the token the prefill chooses
-            if seq.request.arrival > now or n > budget or blocks > free:
+            keep = self.watermark_blocks if self.running or admitted else 0  # room for the running to grow
+            if seq.request.arrival > now or n > budget or blocks + keep > free:
                 break
             self.waiting.popleft()
             admitted.append(seq)

@@ -113,6 +113,19 @@ def test_engine_settings_are_checked(shipped_char):
         Engine(model, 7)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Engine(model, 8, max_num_batched_tokens=64)
+    for bad in (-0.1, 1.0, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match=r"watermark must be .* in \[0, 1\), got"):
+            Engine(model, 8, watermark=bad)
+
+
+def test_the_watermark_keeps_room_to_grow(shipped_char):
+    """Admission leaves watermark x the pool free while others run: fewer preemptions, the same tokens."""
+    model, tok = shipped_char
+    reqs = make_trace(tok, POEMS, 10, rate=1000.0, seed=5, max_new_tokens=24)
+    runs = {w: run_continuous(model, reqs, 40, block_size=4, watermark=w) for w in (0.0, 0.25)}
+    assert runs[0.25].preemptions < runs[0.0].preemptions
+    assert runs[0.25].tokens == runs[0.0].tokens
+    assert Engine(model, 40, block_size=4, watermark=0.25).watermark_blocks == 10
 
 
 def test_a_class_shares_the_couplet_and_differs_after_it(shipped_char):

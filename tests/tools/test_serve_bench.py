@@ -9,13 +9,13 @@ from kvlib.tools.serve_bench import TARGETS, decode_step_ms, format_report, run_
 POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
          "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
          "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。"]
-RUNS = ("one_at_a_time", "static", "continuous")
+RUNS = ("one_at_a_time", "static", "continuous", "continuous_block_8")
 
 
 @pytest.fixture(scope="module")
 def report(shipped_char):
     model, tok = shipped_char
-    return run_serve_bench(model, tok, POEMS, n_requests=5, max_new_tokens=8, batch_size=2)
+    return run_serve_bench(model, tok, POEMS, n_requests=5, max_new_tokens=8, batch_size=2, repeats=2)
 
 
 def test_the_report_has_every_figure_for_every_way(report):
@@ -26,6 +26,9 @@ def test_the_report_has_every_figure_for_every_way(report):
         assert r["generated_tokens"] == sum(report["trace"]["answer_tokens"])
     assert report["same_tokens"] is True
     assert report["settings"]["num_blocks"] * report["settings"]["block_size"] == 2 * 128
+    assert report["settings"]["repeats"] == 2
+    bound = report["memory_share_bound"]
+    assert set(bound) == {16, 8} and 0 < bound[16] < bound[8] <= 1  # smaller blocks leave less empty
     assert set(report["targets"]) == set(TARGETS)
     assert all(set(t) == {"target", "kind", "measured", "met"} for t in report["targets"].values())
     json.dumps(report)  # JSON-able
@@ -33,7 +36,7 @@ def test_the_report_has_every_figure_for_every_way(report):
 
 def test_the_printed_report_names_the_targets(report):
     text = format_report(report)
-    assert "same tokens in all three: True" in text
+    assert "same tokens in every run: True" in text and "blocks of 8" in text
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
 
 
@@ -79,3 +82,24 @@ def test_prefix_reports_count_what_the_cache_saves(shipped_char):
     assert p["computed_without"] == 27 and p["computed_with"] == 27 - 16 and p["ms_with"] > 0
     with pytest.raises(ValueError, match="suffixes"):
         prefill_ms(model, shared, [[1]])
+
+
+def test_fastest_runs_take_turns_and_keep_the_shortest_makespan():
+    from types import SimpleNamespace
+
+    from kvlib.tools.serve_bench import expected_share, fastest_runs
+
+    order, spans = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+
+    def way(name):
+        def run():
+            order.append(name)
+            return SimpleNamespace(makespan=next(spans[name]))
+        return run
+
+    best = fastest_runs({"a": way("a"), "b": way("b")}, 3)
+    assert order == ["a", "b"] * 3
+    assert best["a"].makespan == 1.0 and best["b"].makespan == 4.0
+    r = SimpleNamespace(prompt=[0] * 3, max_new_tokens=2)  # holds 4, then 5 tokens
+    assert expected_share([r], 4) == pytest.approx(9 / 12)
+    assert expected_share([r], 1) == 1.0

@@ -93,8 +93,11 @@ def aten_calls_per_step(loop, steps: int = 8) -> float:
     """ATen calls per decode step of ``loop(n)`` (greedy decoding of n new tokens), loop included.
 
     The difference between ``steps + 1`` and 1 new tokens, divided by ``steps``: the prefill, the
-    set-up and the first token cancel out; sampling and bookkeeping of each step stay in.
+    set-up and the first token cancel out; sampling and bookkeeping of each step stay in. One
+    uncounted run first builds what is built once per model (the fast path's step weights).
     """
+    with torch.inference_mode():
+        loop(1)
     return (aten_calls(lambda: loop(steps + 1)) - aten_calls(lambda: loop(1))) / steps
 
 

@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="many users: one at a time, static batches, continuous batching (paged)")
-    p.add_argument("--requests", type=_at_least_one, default=24)
+    p.add_argument("--requests", type=_at_least_one, default=64)
     p.add_argument("--rate", type=float, default=100.0, help="arrivals per second")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")

@@ -211,7 +211,8 @@ def format_report(report: dict) -> str:
     lines = [f"{t['requests']} requests arriving at {t['rate_per_s']:g}/s (seed {t['seed']}), "
              f"{t['mean_final_length']:.1f} tokens each on average (prompt and answer); KV memory "
              f"{st['kv_positions']} positions = {st['static_batch_size']} static rows or {st['num_blocks']} blocks "
-             f"of {st['block_size']}; each way's fastest of {st['repeats']} runs, taking turns",
+             f"of {st['block_size']}; "
+             + ("each way run once" if st["repeats"] == 1 else f"each way's fastest of {st['repeats']} runs, taking turns"),
              f"{'':36} {'tokens/s':>9} {'latency mean':>13} {'p95':>7} {'TTFT mean':>10} {'p95':>7} "
              f"{'KV share':>9} {'preempt':>8}"]
     names = {"continuous_block_8": f"continuous, paged, blocks of {SMALL_BLOCK}"}

@@ -380,8 +380,10 @@ def format_report(report: dict) -> str:
         need = res["alpha_needed"]
         goal = (f"{report['target_speedup']}x is out of reach even at α = 1" if need is None else
                 f"{report['target_speedup']}x needs α >= {need:.2f}")
-        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy; at that γ {goal}; "
-                     f"a draft always right could give {res['perfect_draft_speedup']:.2f}x")
+        steps = round_us(c, c["guess_us"][name], res["best_gamma"]) / c["step_us"]
+        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy; a round there costs "
+                     f"{steps:.2f} decode steps, and {goal}; a draft always right could give "
+                     f"{res['perfect_draft_speedup']:.2f}x")
     better = report["better_draft"]
     lines += ["", f"better draft: {better}, {report['results'][better]['best_speedup']:.2f}x; target >= "
                   f"{report['target_speedup']}x: {'met' if report['target_met'] else 'NOT met'} in this run"]

@@ -1,7 +1,7 @@
 """The Complete Tang Poems corpus: preparation from the npm package, loading, and the split.
 
 ``prepare`` turns ``chinese-poetry@2.0.1`` (traditional script, JSON) into ``data/tang.txt.xz``:
-one poem per line in simplified script. ``load_poems`` reads it back after a sha256 check.
+one poem per line in simplified script, without the editors' notes and marks (``apparatus``). ``load_poems`` reads it back after a sha256 check.
 """
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
+from .apparatus import separate
 from .integrity import DATA_DIR, DamagedFileError, IntegrityError, atomic_write, record, verified_path, write_json
 
 PACKAGE = "chinese-poetry"
@@ -59,17 +61,29 @@ def read_poems(tarball: Path) -> list[dict]:
 
 
 def clean(poems: list[dict], convert) -> tuple[list[str], dict]:
-    """Join each poem's lines into one line of simplified text; count what is dropped."""
-    lines, dropped = [], []
+    """Each poem's text without the editors' apparatus, on one line, in simplified script.
+
+    Returns the lines and the counts of ``tang.json``: for each rule of ``apparatus.separate`` the
+    poems it changed and the characters it removed, and the poems dropped (by reason, with indices).
+    """
+    lines, changed, removed, dropped = [], Counter(), Counter(), {}
     for i, poem in enumerate(poems):
-        text = "".join(p.strip() for p in poem.get("paragraphs") or [])
-        text = re.sub(r"\s+", "", text)
-        if not text:
-            dropped.append({"index": i, "title": poem.get("title", ""), "reason": "no text"})
+        text = re.sub(r"\s+", "", "".join(p.strip() for p in poem.get("paragraphs") or []))
+        result = separate(text, poem.get("title") or "")
+        for name, n in result.fired.items():
+            changed[name] += 1
+            removed[name] += n
+        if result.dropped:
+            dropped.setdefault(result.dropped, []).append(i)
             continue
-        lines.append(convert(text))
-    return lines, {"read": len(poems), "dropped": len(dropped), "written": len(lines),
-                   "dropped_poems": dropped}
+        lines.append(convert(result.text))
+    n_dropped = sum(len(v) for v in dropped.values())
+    return lines, {
+        "read": len(poems), "dropped": n_dropped, "written": len(lines),
+        "rules": {name: {"poems_changed": changed[name], "characters_removed": removed[name]}
+                  for name in changed},
+        "dropped_by_reason": {reason: {"poems": len(idx), "indices": idx} for reason, idx in dropped.items()},
+    }
 
 
 def prepare(data_dir: Path = DATA_DIR, tarball: Path | None = None) -> dict:

@@ -29,8 +29,13 @@ TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer, "tang-ch
 # A draft model for speculative decoding must share its target's ids: it reuses the target's shipped
 # tokenizer file (checked against the manifest) instead of building a vocabulary of its own.
 SHARED_TOKENIZER = {"tang-char-draft": "tang-char"}
-# Shapes that differ from TrainConfig's defaults: the draft is one layer, so that a step costs little.
-RECIPES = {"tang-char-draft": {"n_layer": 1}}
+# Each shipped model's recipe where it differs from TrainConfig's defaults. The draft is one layer, so
+# that a step costs little; the clean corpus's tang-char trains 4,000 steps to reach 4.60 nats/char.
+RECIPES = {
+    "tang-char": {"steps": 4000},
+    "tang-bpe": {"steps": 4000},
+    "tang-char-draft": {"n_layer": 1, "steps": 800, "batch_size": 16},
+}
 
 
 def config_for(model: str, **overrides) -> "TrainConfig":

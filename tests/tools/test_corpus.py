@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import re
 import shutil
 
 import pytest
@@ -36,19 +37,27 @@ def flip_byte(path, offset: int) -> None:
 def test_poem_counts_match_the_info_file(poems):
     counts = data.corpus_info()["poems"]
     assert counts["read"] == 57_607
-    assert counts["dropped"] == 4
-    assert counts["written"] == 57_603
-    assert len(poems) == 57_603
+    assert counts["written"] == len(poems) == 56_799
     assert counts["read"] - counts["dropped"] == counts["written"]
+    assert sum(d["poems"] for d in counts["dropped_by_reason"].values()) == counts["dropped"]
 
 
-def test_dropped_poems_are_reported_with_their_titles():
-    dropped = data.corpus_info()["poems"]["dropped_poems"]
-    assert len(dropped) == 4
-    assert [d["index"] for d in dropped] == [51547, 53381, 55307, 56791]
-    assert all(d["reason"] == "no text" for d in dropped)
-    assert all(isinstance(d["title"], str) and d["title"] for d in dropped)
-    assert dropped[0]["title"] == "于祐題紅葉二句"
+def test_each_rule_reports_poems_changed_and_characters_removed():
+    counts = data.corpus_info()["poems"]
+    rules = counts["rules"]
+    assert rules["notes in brackets"]["characters_removed"] > 200_000  # 6.5 % of the raw text
+    assert all(r["poems_changed"] > 0 and r["characters_removed"] >= r["poems_changed"] for r in rules.values())
+    dropped = counts["dropped_by_reason"]
+    assert dropped["no text"]["indices"] == [51547, 53381, 55307, 56791]
+    assert dropped["lost characters (□)"]["poems"] > 300
+    assert all(d["poems"] == len(d["indices"]) for d in dropped.values())
+
+
+def test_poem_text_keeps_no_apparatus(poems):
+    allowed = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f，。！？；：、]+")
+    strays = {ch for p in poems for ch in p if not allowed.fullmatch(ch)}
+    assert strays == set()
+    assert not any("见" in p and "卷" in p and "《" in p for p in poems)
 
 
 def test_every_line_is_one_nonempty_poem(poems):
@@ -67,7 +76,7 @@ def test_spring_wind_is_followed_by_a_full_stop_about_14_percent_of_the_time(poe
     followers = count_followers(poems, "春风")
     total = sum(followers.values())
     assert followers["。"] == 169
-    assert total == 1_187
+    assert total == 1_177
     assert 0.10 <= followers["。"] / total <= 0.20
 
 
@@ -108,7 +117,7 @@ def test_load_text_refuses_a_tampered_corpus(data_copy):
 
 def test_load_text_refuses_a_tampered_info_file(data_copy):
     path = data_copy / data.INFO_FILE
-    path.write_text(path.read_text(encoding="utf-8").replace("57603", "57604"), encoding="utf-8")
+    path.write_text(path.read_text(encoding="utf-8").replace("56799", "56798"), encoding="utf-8")
     with pytest.raises(IntegrityError, match=r"tang\.json"):
         data.load_text(data_dir=data_copy)
 
@@ -136,23 +145,23 @@ def test_load_text_checks_the_text_inside_against_the_info_file(data_copy):
 
 # ---- preparation ----------------------------------------------------------------------------
 
-def test_clean_joins_lines_converts_and_reports_dropped_poems():
+def test_clean_joins_lines_separates_notes_converts_and_reports_dropped_poems():
     raw = [
-        {"title": "静夜思", "paragraphs": ["床前明月光，", "疑是地上霜。"]},
+        {"title": "静夜思", "paragraphs": ["床前明月光，", "疑是地上霜。（見《全唐詩》卷一六五。）"]},
         {"title": "空", "paragraphs": []},
         {"title": "白", "paragraphs": ["   ", ""]},
         {"title": "无题"},
-        {"title": "登鹳雀楼", "paragraphs": [" 白日 依山尽，\n", "黄河入海流。 "]},
+        {"title": "登鹳雀楼", "paragraphs": [" 白日 依山尽，\n", "黄河入[海]流。 "]},
         {"title": "缺", "paragraphs": None},
+        {"title": "残", "paragraphs": ["□□依山尽，黄河入海流。"]},
     ]
     lines, counts = data.clean(raw, lambda s: s.replace("明", "看"))
     assert lines == ["床前看月光，疑是地上霜。", "白日依山尽，黄河入海流。"]
-    assert counts["read"] == 6
-    assert counts["dropped"] == 4
-    assert counts["written"] == 2
-    assert [(d["index"], d["title"]) for d in counts["dropped_poems"]] == [
-        (1, "空"), (2, "白"), (3, "无题"), (5, "缺")]
-    assert all(d["reason"] == "no text" for d in counts["dropped_poems"])
+    assert (counts["read"], counts["dropped"], counts["written"]) == (7, 5, 2)
+    assert counts["dropped_by_reason"] == {"no text": {"poems": 4, "indices": [1, 2, 3, 5]},
+                                           "lost characters (□)": {"poems": 1, "indices": [6]}}
+    assert counts["rules"] == {"notes in brackets": {"poems_changed": 1, "characters_removed": 13},
+                               "emendation brackets": {"poems_changed": 1, "characters_removed": 2}}
 
 
 def test_prepare_without_npm_says_the_corpus_is_already_there(tmp_path, monkeypatch):

@@ -20,11 +20,10 @@ $(STAMP): pyproject.toml notebooks/jupyterlab-settings.json
 	mkdir -p $(dir $(LAB_SETTINGS)) && cp notebooks/jupyterlab-settings.json $(LAB_SETTINGS)
 	touch $(STAMP)
 
-# JupyterLab refuses to start as root unless told so (containers, CI machines run as root).
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
-
+# kvlib.tools.lab adds the classroom CSS (presentation-mode text sizes, fonts for rare ideographs) and,
+# where one runs as root (containers, CI machines), --allow-root.
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
+	$(BIN)/python -m kvlib.tools.lab notebooks/
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ import torch
 
 from .checks import check_choice, check_int, check_pair, check_text, check_token_mask, check_tokenizer
 from .decoding import generate
+from .text import no_unk
 from .tokenizer import UnknownCharacterError, is_ideograph
 
 LINE_ENDS = "，。"
@@ -67,7 +68,7 @@ def _run(model, tokenizer, schedule, chars_per_line: int, **sampling) -> str:
                          f"most {model.config.block_size}, room for {room} lines of {chars_per_line} characters: "
                          f"use fewer or shorter lines")
     start = torch.tensor([[tokenizer.eos_id]])
-    out = generate(model, start, len(schedule), logits_hook=schedule_hook(schedule), **sampling)
+    out = generate(model, start, len(schedule), logits_hook=no_unk(tokenizer, schedule_hook(schedule)), **sampling)
     return tokenizer.decode(out.new_tokens[0])
 
 

@@ -214,8 +214,8 @@ def accept_sampled(drafted: list[int], q: torch.Tensor | None, p: torch.Tensor,
     for i, d in enumerate(drafted):
         q_i = F.one_hot(torch.tensor(d), p.shape[-1]).to(p.dtype) if q is None else q[i]
         u = float(torch.rand((), generator=generator))
-        if u * float(q_i[d]) <= float(p[i, d]):                       # u < p / q, without dividing
-            continue
+        if 0 < float(p[i, d]) and u * float(q_i[d]) <= float(p[i, d]):  # u < p / q, without dividing;
+            continue                                                   # a token the target bans (p 0) never stays
         residual = (p[i] - q_i).clamp(min=0)
         if float(residual.sum()) <= 0:  # only when p_i == q_i, where no guess is ever rejected: rounding
             residual = p[i]
@@ -277,14 +277,20 @@ class SpeculativeDecoder:
     ``tokens`` holds the prompt and every token written so far; ``done`` and ``stop_reason`` work
     as in ``generate`` (``"max_new_tokens"``, ``"eos"``, ``"context_limit"``). The target decodes
     with a :class:`FastDecoder`, whose cache holds every token but the last.
+
+    ``banned`` token ids are never written (the ``<unk>`` of text for people, say): the target's
+    scores for them are -inf, so it never keeps them nor picks them itself. Greedy rounds also cut the
+    draft's guesses before the first banned one, which the target would reject anyway: the same
+    tokens, and no banned guess on show.
     """
 
     @torch.inference_mode()
     def __init__(self, model: GPT, draft: Draft, idx: torch.Tensor, max_new_tokens: int, *, gamma: int = 4,
                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                 generator: torch.Generator | None = None, eos_id: int | None = None):
+                 generator: torch.Generator | None = None, eos_id: int | None = None, banned=()):
         _, self.settings = check_generate_inputs(model, idx, max_new_tokens, None, eos_id, "stop", generator,
                                                  temperature, top_k, top_p)
+        self.banned = sorted({check_int("banned token id", t, 0, model.config.vocab_size - 1) for t in banned})
         if idx.shape[0] != 1:
             raise ValueError(f"idx must hold one prompt (batch size 1) for speculative decoding, got "
                              f"{idx.shape[0]} rows: in a batch, rows keep different numbers of guesses")
@@ -322,10 +328,15 @@ class SpeculativeDecoder:
         greedy = self.settings[0] == 0
         drafted, q = self.draft.propose(self.tokens, gamma, self.settings, self.generator) if gamma > 0 else ([], None)
         drafted = list(drafted[:gamma])
+        if greedy and self.banned:
+            drafted = next((drafted[:i] for i, t in enumerate(drafted) if t in self.banned), drafted)
         if q is not None:
             q = q[: len(drafted)]
         assert self.target.cache.length == N - 1
         logits = self.target.extend(torch.tensor([self.tokens[-1:] + drafted]))[0]  # (n + 1, V), one pass
+        if self.banned:
+            logits = logits.clone()
+            logits[:, self.banned] = float("-inf")
         if greedy:
             n, token = accept_greedy(drafted, logits)
         else:

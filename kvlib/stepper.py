@@ -4,7 +4,8 @@
 the prompt once, then every :meth:`CacheStepper.step` picks one token from the last logits, feeds
 that token alone, and records what a learner wants to see:
 
-- the distribution the token was drawn from (its ten most likely entries) and the token chosen;
+- the distribution the token was drawn from (its ten most likely entries, as ``probabilities``
+  gives it for the sampler's settings: one bar at 100 % at temperature 0) and the token chosen;
 - which positions of which layer now hold keys, read from the cache tensor itself;
 - how the new token's query spread its attention over the cached positions, one row per head.
 
@@ -26,9 +27,10 @@ import torch
 from .checks import ContextLimitError, check_int, check_sampling
 from .model import GPT
 from .sampling import probabilities, sample_next
-from .text import encode_prompt
+from .text import encode_prompt, without_unk
 
 TOP = 10  # bars in the distribution panel
+_KEEP = object()  # set_sampling: "leave this setting as it is"
 
 
 @dataclass
@@ -40,7 +42,8 @@ class StepView:
     labels: list[str]        # how each of those tokens is shown
     prompt_length: int
     top_labels: list[str]    # the distribution's most likely tokens (and the chosen one, if not among them)
-    top_probs: list[float]
+    top_probs: list[float]   # their probabilities; tokens of probability 0 are left out
+    settings: tuple          # (temperature, top_k, top_p) of that distribution
     chosen: int | None       # the token drawn at this step (None before the first Step)
     chosen_label: str | None
     query_position: int      # position of the token whose attention is shown (the last one fed)
@@ -77,9 +80,12 @@ class CacheStepper:
     """Cached decoding of one prompt, one token per :meth:`step`, with its inside on show.
 
     ``temperature``, ``top_k`` and ``top_p`` are the sampler's settings; temperature 0 is greedy.
-    Draws use a ``torch.Generator`` seeded with ``seed``, so the global RNG is never touched and the
-    same settings give the same tokens as ``generate``. At temperature 0 the bars show the plain
-    softmax (temperature 1), since the greedy distribution is a single bar; the choice is its top bar.
+    :meth:`set_sampling` changes them between steps: the steps taken stay, the next one uses the new
+    settings. Draws use a ``torch.Generator`` seeded with ``seed``, so the global RNG is never touched
+    and the same settings give the same tokens as ``generate`` with the ``no_unk`` hook: ``<unk>`` is
+    never drawn, since the stepper writes text for people. The bars show what the token is drawn from,
+    ``probabilities(logits, temperature, top_k, top_p)``, the sampler's own distribution: at
+    temperature 0 one bar at 100 %, the argmax.
     """
 
     def __init__(self, model: GPT, tokenizer, prompt: str = "", *, temperature: float = 0.8,
@@ -112,6 +118,27 @@ class CacheStepper:
         self.chosen: int | None = None
         self._feed(self.prompt_ids)
         self._shown = self._display_probs(self.logits)  # the upcoming distribution
+        self._shown_settings = self.settings
+
+    @property
+    def settings(self) -> tuple[float, int | None, float | None]:
+        """(temperature, top_k, top_p) that the next step draws with."""
+        return self.temperature, self.top_k, self.top_p
+
+    def set_sampling(self, temperature: float | None = None, top_k=_KEEP, top_p=_KEEP) -> None:
+        """New sampler settings from the next step on; the steps taken so far stay as they were.
+
+        Arguments left out keep their value (``None`` switches top-k or top-p off). Before the first
+        step the bars show the upcoming distribution, so they are redrawn with the new settings; after
+        it they show what the last token was drawn from, with the settings it was drawn with.
+        """
+        temperature = self.temperature if temperature is None else temperature
+        top_k = self.top_k if top_k is _KEEP else top_k
+        top_p = self.top_p if top_p is _KEEP else top_p
+        self.temperature, self.top_k, self.top_p = check_sampling(temperature, top_k, top_p)
+        if self.steps == 0:
+            self._shown = self._display_probs(self.logits)
+            self._shown_settings = self.settings
 
     @property
     def can_step(self) -> bool:
@@ -127,7 +154,7 @@ class CacheStepper:
         if not self.can_step:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
-        drawn_from = self._display_probs(self.logits)
+        drawn_from, settings = self._display_probs(self.logits), self.settings
         before = self.generator.get_state()
         try:
             nxt = int(sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator))
@@ -135,7 +162,7 @@ class CacheStepper:
         except BaseException:
             self.generator.set_state(before)
             raise
-        self._shown, self.chosen = drawn_from, nxt
+        self._shown, self._shown_settings, self.chosen = drawn_from, settings, nxt
         self.tokens.append(nxt)
         self.steps += 1
         return nxt
@@ -145,9 +172,8 @@ class CacheStepper:
         return [self.step() for _ in range(n) if self.can_step]
 
     def _display_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.temperature == 0:
-            return probabilities(logits)[0]
-        return probabilities(logits, self.temperature, self.top_k, self.top_p)[0]  # (V,)
+        """(V,) what ``sample_next`` draws from with the current settings (one-hot at temperature 0)."""
+        return probabilities(logits, self.temperature, self.top_k, self.top_p)[0]
 
     @torch.inference_mode()
     def _feed(self, ids: list[int]) -> None:
@@ -177,7 +203,7 @@ class CacheStepper:
         finally:
             for h in handles:
                 h.remove()
-        self.logits = logits[:, -1]  # (1, V)
+        self.logits = without_unk(self.tokenizer, logits[:, -1])  # (1, V): the scores the next token is drawn by
         self.attention = self._attention(queries)
 
     def _attention(self, queries: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -200,7 +226,8 @@ class CacheStepper:
 
     def view(self) -> StepView:
         probs, ids = self._shown.topk(min(self.top, self._shown.numel()))
-        probs, ids = probs.tolist(), ids.tolist()
+        kept = [(p, i) for p, i in zip(probs.tolist(), ids.tolist()) if p > 0]  # no bars of probability 0
+        probs, ids = [p for p, _ in kept], [i for _, i in kept]
         if self.chosen is not None and self.chosen not in ids:  # a draw from the tail: show it too
             ids.append(self.chosen)
             probs.append(float(self._shown[self.chosen]))
@@ -208,6 +235,7 @@ class CacheStepper:
         return StepView(
             step=self.steps, tokens=list(self.tokens), labels=[label(i) for i in self.tokens],
             prompt_length=len(self.prompt_ids), top_labels=[label(i) for i in ids], top_probs=probs,
+            settings=self._shown_settings,
             chosen=self.chosen, chosen_label=None if self.chosen is None else label(self.chosen),
             query_position=self.cache.length - 1, attention=self.attention.clone(),
             key_norms=self.key_norms(), cache_length=self.cache.length, max_len=self.cache.max_len)

@@ -1,7 +1,9 @@
 """Text in, text out: one-line operations on a model and its tokenizer, and counts in the corpus.
 
 Every prompt starts with the poem separator, as every poem did in training, so the model knows a
-poem begins. Generation stops at the next separator.
+poem begins. Generation stops at the next separator. Text written for people never holds ``<unk>``:
+that token stands for the corpus's rarest characters, whichever they were, so it is data, not
+writing; :func:`no_unk` bans it, and every helper here that writes text uses it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,34 @@ from .checks import ContextLimitError, check_int, check_pair, check_seed, check_
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
 from .tokenizer import is_ideograph
+
+
+def unk_ids(tokenizer) -> list[int]:
+    """The ids that written text never shows: the character tokenizer's ``<unk>`` (BPE has none)."""
+    unk = getattr(tokenizer, "unk_id", None)
+    return [] if unk is None else [int(unk)]
+
+
+def without_unk(tokenizer, logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits with ``<unk>``'s score set to -inf, so that no sampler can pick it."""
+    banned = unk_ids(tokenizer)
+    if not banned:
+        return logits
+    logits = logits.clone()
+    logits[..., banned] = float("-inf")
+    return logits
+
+
+def no_unk(tokenizer, then=None):
+    """A logits hook for ``generate``: ``<unk>`` banned at every step, then ``then(step, tokens, logits)``.
+
+    ``generate`` itself stays general (it samples whatever the model scores); the helpers that write
+    text for people (``write``, ``acrostic``, the widgets, ``python -m kvlib generate``) pass this hook.
+    """
+    def hook(step, tokens, logits):
+        logits = without_unk(tokenizer, logits)
+        return logits if then is None else then(step, tokens, logits)
+    return hook
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -78,7 +108,10 @@ def write(model, tokenizer, prompts: str | list[str] = "", max_new_tokens: int |
 
 def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = None, *, temperature=0.8,
               top_k=None, top_p=None, seed=1337, generator=None, **kwargs) -> GenerationResult:
-    """``generate`` on a left-padded batch of text prompts, stopping at the separator."""
+    """``generate`` on a left-padded batch of text prompts, stopping at the separator, never writing ``<unk>``.
+
+    A ``logits_hook`` in ``kwargs`` runs after the ban.
+    """
     check_pair(model, tokenizer)
     if generator is None and seed is not None:
         generator = torch.Generator().manual_seed(check_seed(seed))
@@ -97,6 +130,7 @@ def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = N
             f"the model's block of {block} (the poem separator takes one)")
     if max_new_tokens is None:
         max_new_tokens = model.config.block_size - idx.shape[1] + 1
+    kwargs["logits_hook"] = no_unk(tokenizer, kwargs.get("logits_hook"))
     return generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     generator=generator, eos_id=tokenizer.eos_id,
                     key_mask=None if bool(mask.all()) else mask, **kwargs)

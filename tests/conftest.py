@@ -88,10 +88,16 @@ def pytest_terminal_summary(terminalreporter):
     import statistics
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "artifacts" / "browser" / "latency.json"
-    if not path.exists() or path.stat().st_mtime < _SESSION_START[0]:
-        return
-    terminalreporter.section("browser latency: key press or click until the output changed")
-    for what, ms in json.loads(path.read_text(encoding="utf-8")).items():
-        terminalreporter.write_line(f"{what:52s} median {statistics.median(ms):5.0f} ms "
-                                    f"({len(ms)} times, {min(ms):.0f}-{max(ms):.0f})")
+    folder = Path(__file__).resolve().parent.parent / "artifacts" / "browser"
+    path = folder / "latency.json"
+    if path.exists() and path.stat().st_mtime >= _SESSION_START[0]:
+        terminalreporter.section("browser latency: key press or click until the output changed")
+        for what, ms in json.loads(path.read_text(encoding="utf-8")).items():
+            terminalreporter.write_line(f"{what:52s} median {statistics.median(ms):5.0f} ms "
+                                        f"({len(ms)} times, {min(ms):.0f}-{max(ms):.0f})")
+    path = folder / "sizes.json"
+    if path.exists() and path.stat().st_mtime >= _SESSION_START[0]:
+        terminalreporter.section("browser sizes: presenting at 1280x720, widgets in narrow windows (px)")
+        for what, sizes in json.loads(path.read_text(encoding="utf-8")).items():
+            terminalreporter.write_line(f"{what}: " + ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                                                for k, v in sizes.items()))

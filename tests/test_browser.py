@@ -9,7 +9,10 @@ and measures, in the page, the time from a key press or click to the change of t
 (a MutationObserver): notebook 1's top-k slider and prompt box, notebook 2's temperature slider
 (text and chart, which must both be on screen at 1280×720), notebook 4's Step, and the Step buttons
 of notebooks 7 and 8. The medians are printed at the end (figures, not assertions: machines are
-shared and noisy). On notebook 1 it also opens the slides (jupyterlab-rise). Screenshots at
+shared and noisy). Each notebook is then presented (View > Appearance > Presentation Mode at 1280×720, from the
+first cell: body text, code and the tallest section measured) with its widgets used in that view,
+its widgets are laid out with the file browser open and at 150 % zoom (no overflow, text >= 16 px),
+and notebook 1 draws every vocabulary entry in the page's fonts. Screenshots at
 1920×1080 and 1280×720 go to ``artifacts/browser/``. The server is stopped by its PID.
 
 It needs Debian's ``chromium`` at ``/usr/bin/chromium`` and the ``playwright`` package (never
@@ -32,8 +35,10 @@ from pathlib import Path
 
 import pytest
 
+from kvlib.tools import lab as lab_setup
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-8]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "artifacts" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "kvlib-browser-test"
@@ -45,7 +50,7 @@ CURRENT = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on show
 
 # Text that must appear in each notebook's outputs once all cells ran (besides the last cell's RNG check).
 KNOWN_OUTPUT = {
-    "01": "57,603 poems in the corpus",
+    "01": "56,799 poems in the corpus",
     "02": "p = 0.45: keeps [0]",
     "03": "punctuation at positions: [8, 16, 24, 32]",
     "04": "equals 524,288: True",
@@ -104,7 +109,7 @@ class Lab:
                     {"enabled": False})
         _write_json(settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings",
                     {"windowingMode": "none"})
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        env = {**os.environ, **lab_setup.prepare(tmp / "config"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
                "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
                "JUPYTER_DATA_DIR": str(tmp / "data"), "IPYTHONDIR": str(tmp / "ipython"),
                "MPLCONFIGDIR": str(tmp / "mpl"), "JUPYTER_PLATFORM_DIRS": "1", "PYTHONUNBUFFERED": "1"}
@@ -116,7 +121,7 @@ class Lab:
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={self.root}",
              f"--IdentityProvider.token={TOKEN}", "--ServerApp.terminals_enabled=False",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
-             *(["--allow-root"] if os.geteuid() == 0 else [])],
+             *lab_setup.arguments()],
             cwd=self.root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.log_path = tmp / "jupyterlab.log"
         try:
@@ -184,9 +189,11 @@ def lab(tmp_path_factory):
 def latency_report():
     """At the end of the module, the latencies go to a file; tests/conftest.py prints their medians."""
     yield
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     if LATENCY:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "latency.json").write_text(json.dumps(LATENCY, indent=1), encoding="utf-8")
+    if MEASURES:
+        (ARTIFACTS / "sizes.json").write_text(json.dumps(MEASURES, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -418,14 +425,134 @@ def step_widget(page, name: str, label: str, repeats: int = REPEATS, button_text
     widget.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-step-{k}.png"))
 
 
-def open_slides(page, name: str) -> None:
-    """jupyterlab-rise renders the notebook as slides (Alt R, as TEACHING.md says)."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Render as Reveal Slideshow$")).click()
-    slides = page.frame_locator("iframe").locator(".reveal .slides section").first  # the slides' own page
-    slides.wait_for(state="attached", timeout=60_000)
-    time.sleep(2)
-    page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-slides.png"))
+# ---- presenting, narrow windows, glyphs --------------------------------------------------------------
+
+MEASURES: dict[str, dict] = {}  # notebook -> sizes measured while presenting and in narrow windows
+SMALLEST_BODY_PX, SMALLEST_CODE_PX, SMALLEST_WIDGET_PX = 20, 16, 16
+NARROW = {"1280x720 with the file browser open": (1280, 720, True),
+          "150 % zoom of 1280x720": (853, 480, False)}  # a 150 % zoom leaves 853x480 CSS pixels
+
+TEXT_SIZES = """() => {
+    const nb = document.querySelector('%s .jp-Notebook');
+    const px = els => Array.from(els).filter(e => e.offsetParent !== null && e.textContent.trim())
+        .map(e => parseFloat(getComputedStyle(e).fontSize));
+    const body = px(nb.querySelectorAll('.jp-MarkdownOutput p, .jp-MarkdownOutput li'));
+    const code = px(nb.querySelectorAll('.jp-InputArea-editor .cm-line'));
+    const headings = Array.from(nb.querySelectorAll('.jp-MarkdownCell')).filter(c => c.offsetParent !== null
+        && c.querySelector('h1, h2')).map(c => c.getBoundingClientRect().top);
+    const end = nb.getBoundingClientRect().bottom;
+    const sections = headings.map((top, i) => (i + 1 < headings.length ? headings[i + 1] : end) - top);
+    return {body: Math.min(...body), code: Math.min(...code), tallest_section: Math.max(...sections),
+            sections: sections.length};
+}""" % CURRENT
+
+WIDGET_FIT = """() => {
+    const out = [];
+    let smallest = Infinity;
+    for (const w of document.querySelectorAll('%s .jp-OutputArea-output > .jupyter-widgets')) {
+        if (w.offsetParent === null) continue;
+        const area = w.closest('.jp-OutputArea-output').getBoundingClientRect();
+        const box = w.getBoundingClientRect();
+        if (box.right > area.right + 1 || w.scrollWidth > w.clientWidth + 1)
+            out.push(`widget ${Math.round(box.width)} px wide in an output ${Math.round(area.width)} px wide`);
+        for (const e of w.querySelectorAll('*')) {
+            const r = e.getBoundingClientRect();
+            if (r.width && r.right > area.right + 1)
+                out.push(`${e.tagName.toLowerCase()}.${e.className} reaches ${Math.round(r.right - area.left)} px of ${Math.round(area.width)}`);
+            const own = Array.from(e.childNodes).some(n => n.nodeType === 3 && n.textContent.trim());
+            if (own || ['INPUT', 'SELECT', 'BUTTON'].includes(e.tagName))
+                smallest = Math.min(smallest, parseFloat(getComputedStyle(e).fontSize));
+        }
+    }
+    return {overflow: out.slice(0, 10), smallest_px: smallest};
+}""" % CURRENT
+
+
+def command(page, menu: str, *items: str) -> None:
+    """Choose a menu entry, e.g. View > Appearance > Presentation Mode."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{menu}$")).click()
+    for item in items:
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{re.escape(item)}$")).click()
+
+
+def go_to_first_cell(page) -> None:
+    """Esc, Shift+Home, Esc: the first cell active and on screen (TEACHING.md gives these keys)."""
+    for key in ("Escape", "Shift+Home", "Escape"):
+        page.keyboard.press(key)
+    time.sleep(0.5)
+    top = page.evaluate(f"document.querySelector('{CURRENT} .jp-WindowedPanel-outer').scrollTop")
+    active = page.evaluate(f"Array.from(document.querySelectorAll('{CURRENT} .jp-Cell'))"
+                           ".findIndex(c => c.classList.contains('jp-mod-active'))")
+    assert (active, top <= 20) == (0, True), f"not at the first cell: cell {active} active, scrolled {top} px"
+
+
+def present(page, name: str) -> None:
+    """Presentation mode at 1280x720 from the first cell: text sizes checked, sections measured."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    command(page, "View", "Appearance", "Presentation Mode")
+    page.locator(".jp-LabShell.jp-mod-presentationMode").wait_for(state="attached")
+    go_to_first_cell(page)
+    time.sleep(0.5)
+    page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-presenting.png"))
+    sizes = page.evaluate(TEXT_SIZES)
+    MEASURES.setdefault(name, {}).update(sizes)
+    assert sizes["body"] >= SMALLEST_BODY_PX, f"{name}: body text {sizes['body']} px when presenting"
+    assert sizes["code"] >= SMALLEST_CODE_PX, f"{name}: code {sizes['code']} px when presenting"
+
+
+def stop_presenting(page) -> None:
+    command(page, "View", "Appearance", "Presentation Mode")
+    page.locator(".jp-LabShell.jp-mod-presentationMode").wait_for(state="detached")
+    page.set_viewport_size({"width": 1920, "height": 1080})
+
+
+def widgets_fit(page, name: str) -> None:
+    """Every widget fits its output area with the file browser open and at 150 % zoom; text >= 16 px."""
+    for label, (w, h, browser_open) in NARROW.items():
+        page.set_viewport_size({"width": w, "height": h})
+        if browser_open:
+            page.locator(".jp-SideBar .lm-TabBar-tab[data-id='filebrowser']").click()
+        time.sleep(1)
+        fit = page.evaluate(WIDGET_FIT)
+        slug = "file-browser" if browser_open else "zoom150"
+        first = page.locator(f"{CURRENT} .jp-OutputArea-output > .jupyter-widgets").first
+        first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / f"{Path(name).stem}-{slug}.png"))
+        if browser_open:
+            page.locator(".jp-SideBar .lm-TabBar-tab[data-id='filebrowser']").click()
+        MEASURES.setdefault(name, {})[f"smallest widget text, {label}"] = fit["smallest_px"]
+        assert not fit["overflow"], f"{name} at {label}: {fit['overflow']}"
+        assert fit["smallest_px"] >= SMALLEST_WIDGET_PX, f"{name} at {label}: widget text {fit['smallest_px']} px"
+    page.set_viewport_size({"width": 1920, "height": 1080})
+
+
+GLYPHS = """async ([chars, family]) => {
+    await document.fonts.load(`32px ${family}`, chars.join(''));
+    await document.fonts.ready;
+    const c = document.createElement('canvas');
+    c.width = 40; c.height = 40;
+    const ctx = c.getContext('2d', {willReadFrequently: true});
+    ctx.font = `32px ${family}`;
+    const picture = ch => { ctx.clearRect(0, 0, 40, 40); ctx.fillText(ch, 2, 32);
+        const d = ctx.getImageData(0, 0, 40, 40).data; let h = 0;
+        for (let i = 3; i < d.length; i += 4) h = (h * 31 + d[i]) >>> 0; return h; };
+    const missing = [picture('\u{10FFFD}'), picture('\u{E000}'), picture(' ')];
+    return chars.filter(ch => missing.includes(picture(ch)));
+}"""
+
+
+def every_vocabulary_entry_renders(page) -> None:
+    """Each tang-char entry, as the widgets label it, is drawn with a glyph of the notebook's font stack."""
+    from kvlib.notebook.fonts import char_label
+    from kvlib.tools.loading import load_tokenizer
+    from kvlib.tools.integrity import DATA_DIR, verified_path
+
+    tok = load_tokenizer(verified_path("tang-char.tokenizer.json", DATA_DIR))
+    labels = sorted({char_label(t) for t in tok.itos if t not in ("\n", "<unk>")})
+    family = page.evaluate(f"getComputedStyle(document.querySelector('{CURRENT} .jp-RenderedHTMLCommon')).fontFamily")
+    missing = [label for label in page.evaluate(GLYPHS, [labels, family]) if not label.startswith("U+")]
+    MEASURES["vocabulary glyphs"] = {"drawn": len(labels) - len(missing), "of": len(labels)}
+    assert not missing, f"{len(missing)} vocabulary entries have no glyph in the browser: {missing[:20]}"
 
 
 def screenshots(page, name: str) -> None:
@@ -461,10 +588,14 @@ def test_notebook_runs_in_jupyterlab(lab, browser, notebook):
         run_all(page)
         check_notebook_ran(lab, page, notebook)
         screenshots(page, notebook)
-        if notebook[:2] in INTERACT:
+        present(page, notebook)
+        if notebook[:2] in INTERACT:  # the widgets answer in the presenting view
             INTERACT[notebook[:2]](page, notebook)
+        stop_presenting(page)
+        if page.locator(f"{CURRENT} .jp-OutputArea-output > .jupyter-widgets").count():
+            widgets_fit(page, notebook)
         if notebook.startswith("01"):
-            open_slides(page, notebook)
+            every_vocabulary_entry_renders(page)
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}-failure.png"))
         raise

@@ -10,8 +10,9 @@ import torch
 
 from kvlib.decoding import generate
 from kvlib import ContextLimitError
-from kvlib.sampling import probabilities
+from kvlib.sampling import probabilities, sample_next
 from kvlib.stepper import CacheStepper, token_label
+from kvlib.text import no_unk
 from kvlib.tokenizer import CharTokenizer
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_steps_give_the_tokens_generate_gives(tiny_gpt, tok, temperature, top_k,
     chosen = s.run(9)
     idx = torch.tensor([s.prompt_ids])
     ref = generate(tiny_gpt, idx, 9, temperature=temperature, top_k=top_k, top_p=top_p,
-                   generator=torch.Generator().manual_seed(7), decoder="model")
+                   generator=torch.Generator().manual_seed(7), decoder="model", logits_hook=no_unk(tok))
     assert chosen == ref.new_tokens[0].tolist()
     assert s.tokens == ref.tokens[0].tolist()
     assert s.text() == tok.decode(ref.tokens[0, 1:])
@@ -98,13 +99,64 @@ def test_bars_show_the_distribution_the_token_came_from(tiny_gpt, tok):
     assert len(view.top_labels) == (10 if chosen in upcoming.topk(10).indices.tolist() else 11)
 
 
-def test_greedy_bars_are_the_plain_softmax_and_the_choice_is_its_top(tiny_gpt, tok):
+def test_greedy_bars_are_one_bar_at_100_percent_for_the_argmax(tiny_gpt, tok):
+    """At temperature 0 the bars are what the sampler draws from: the argmax, certain (as in notebook 2)."""
     s = CacheStepper(tiny_gpt, tok, "月", temperature=0.0)
-    plain = probabilities(s.logits)[0]
+    upcoming = s.view()
+    assert upcoming.top_probs == [1.0] and upcoming.top_labels == [tok.decode([int(s.logits.argmax())])]
+    drawn_from = probabilities(s.logits, 0.0)[0]  # the core's one function for "what the sampler draws from"
     s.step()
     view = s.view()
-    assert view.top_probs[0] == pytest.approx(float(plain.max())) and view.top_probs[0] < 1
-    assert view.chosen == int(plain.argmax()) and view.top_labels[0] == view.chosen_label
+    assert view.top_probs == [1.0] and view.chosen == int(drawn_from.argmax()) == int(s.tokens[-1])
+    assert view.top_labels == [view.chosen_label] and view.settings == (0.0, None, None)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (0.7, None, None), (1.3, 4, None),
+                                                       (1.0, None, 0.6)])
+def test_bars_are_probabilities_of_the_sampler_settings(tiny_gpt, tok, temperature, top_k, top_p):
+    s = CacheStepper(tiny_gpt, tok, "春", temperature=temperature, top_k=top_k, top_p=top_p, top=64)
+    want = probabilities(s.logits, temperature, top_k, top_p)[0]
+    view = s.view()
+    kept = want[want > 0].sort(descending=True).values.tolist()
+    assert view.top_probs == pytest.approx(kept)  # every token the sampler may draw, none it may not
+    assert 0.0 not in view.top_probs
+
+
+def test_new_settings_keep_the_steps_and_apply_from_the_next_step(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "白日", temperature=0.8, seed=5)
+    s.run(8)
+    tokens, text, length, last = list(s.tokens), s.text(), s.cache.length, s.view()
+    s.set_sampling(temperature=1.4)
+    assert (s.tokens, s.text(), s.cache.length, s.steps) == (tokens, text, length, 8)  # nothing wiped
+    assert s.view().top_probs == last.top_probs and s.view().settings == (0.8, None, None)  # the last draw's bars
+    g = torch.Generator()
+    g.set_state(s.generator.get_state())
+    expected, before = int(sample_next(s.logits, 1.4, None, None, g)), s.logits.clone()
+    assert s.step() == expected and s.view().settings == (1.4, None, None)
+    assert s.view().top_probs[:5] == pytest.approx(probabilities(before, 1.4)[0].topk(5).values.tolist())
+    s.set_sampling(top_k=2)
+    assert s.settings == (1.4, 2, None) and s.steps == 9
+    s.set_sampling(temperature=0.0, top_k=None)
+    assert s.settings == (0.0, None, None)
+    with pytest.raises(ValueError, match="temperature"):
+        s.set_sampling(temperature=-1.0)
+    assert s.settings == (0.0, None, None) and s.steps == 9  # a refused setting changes nothing
+
+
+def test_new_settings_before_the_first_step_redraw_the_upcoming_bars(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "白日", temperature=1.0)
+    s.set_sampling(temperature=0.0)
+    assert s.view().top_probs == [1.0] and s.view().settings == (0.0, None, None)
+    reference = CacheStepper(tiny_gpt, tok, "白日", temperature=0.0)
+    assert s.run(4) == reference.run(4)
+
+
+def test_reset_after_new_settings_starts_again_with_them(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "春风", temperature=1.0, seed=2)
+    s.run(3)
+    s.set_sampling(temperature=0.5)
+    s.reset()
+    assert s.steps == 0 and s.run(5) == CacheStepper(tiny_gpt, tok, "春风", temperature=0.5, seed=2).run(5)
 
 
 def test_full_cache_stops_stepping(tiny_gpt, tok):

@@ -32,3 +32,6 @@ def rng_untouched() -> bool:
     if _rng_at_setup is None:
         raise RuntimeError("call kvlib.notebook.setup() first: it records the RNG state to compare with")
     return torch.equal(torch.get_rng_state(), _rng_at_setup)
+
+
+from .source import show_source  # noqa: E402  (re-exported: every notebook shows library code with it)

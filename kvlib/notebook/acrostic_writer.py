@@ -9,7 +9,8 @@ import torch
 from ..constraints import acrostic, poem_lines
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import LiveWidget, check_setting, display, message_html, require_str, unknown_message
+from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_column,
+                   message_html, require_str, slider, unknown_message)
 
 
 @dataclass
@@ -33,7 +34,7 @@ class AcrosticView:
             return message_html(self.message)
         rows = [f'<span style="color:{plots.HIGHLIGHT_COLOR};font-weight:bold">{html.escape(line[:1])}</span>'
                 f"{html.escape(line[1:] + mark)}" for line, mark in poem_lines(self.poem)]
-        return '<div style="font-size:22px;line-height:1.6">' + "<br>".join(rows) + "</div>"
+        return '<div style="font-size:22px;line-height:1.6;overflow-wrap:anywhere">' + "<br>".join(rows) + "</div>"
 
 
 def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, temperature: float = 0.8,
@@ -59,7 +60,10 @@ def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, tempera
 
 
 class AcrosticWriter:
-    """Type the heads, choose 5 or 7 characters a line, a temperature and a seed; read the poem."""
+    """Type the heads, choose 5 or 7 characters a line, a temperature and a seed; read the poem.
+
+    A failed update or a value off a slider's range leaves a message where the poem was.
+    """
 
     def __init__(self, model, tokenizer, heads: str = "春眠不觉", chars_per_line: int = 7,
                  temperature: float = 0.8, seed: int = 1337):
@@ -71,28 +75,40 @@ class AcrosticWriter:
         check_setting("seed", seed, 0, 2000, integer=True)
         self.model, self.tokenizer = model, tokenizer
         self.heads = w.Text(value=heads, description="heads", continuous_update=False,
-                            placeholder="one character per line")
-        self.chars_per_line = w.ToggleButtons(options=[5, 7], value=chars_per_line,
-                                              description="per line")
-        wide = dict(style={"description_width": "90px"}, layout=w.Layout(width="420px"))
-        self.temperature = w.FloatSlider(value=temperature, min=0.05, max=1.5, step=0.05,
-                                         description="temperature", continuous_update=False, **wide)
-        self.seed = w.IntSlider(value=seed, min=0, max=2000, description="seed", continuous_update=False, **wide)
-        self.info = w.HTML()
-        self.poem = w.HTML()
-        self.widget = w.VBox([self.heads, self.chars_per_line, self.temperature, self.seed, self.info, self.poem])
+                            placeholder="one character per line", style=control_style(font_size="16px"),
+                            layout=in_column(460))
+        self.chars_per_line = w.ToggleButtons(options=[5, 7], value=chars_per_line, description="per line",
+                                              style=control_style(button_width="4em"),
+                                              layout=w.Layout(width="auto", max_width="100%"))
+        self.temperature = slider("float", value=temperature, min=0.05, max=1.5, step=0.05,
+                                  description="temperature", continuous_update=False, layout=in_column(460))
+        self.seed = slider("int", value=seed, min=0, max=2000, description="seed", continuous_update=False,
+                           layout=in_column(460))
+        self.info = w.HTML(layout=w.Layout(width="100%"))
+        self.poem = w.HTML(layout=w.Layout(width="100%"))
+        self.widget = frame(self.heads, self.chars_per_line, self.temperature, self.seed, self.info, self.poem)
         self.view: AcrosticView | None = None
+        for control in (self.temperature, self.seed):
+            control.refused = self.fail
         for control in (self.heads, self.chars_per_line, self.temperature, self.seed):
             control.observe(self.update, "value")
         self.update()
 
-    def update(self, change=None) -> AcrosticView:
+    def update(self, change=None) -> AcrosticView | None:
         before = self.view
-        self.view = acrostic_view(self.model, self.tokenizer, self.heads.value, self.chars_per_line.value,
-                                  self.temperature.value, self.seed.value)
-        self.poem.value = self.view.html()
-        self.info.value = self._info(before)
+        try:
+            self.view = acrostic_view(self.model, self.tokenizer, self.heads.value, self.chars_per_line.value,
+                                      self.temperature.value, self.seed.value)
+            self.poem.value = self.view.html()
+            self.info.value = self._info(before)
+        except Exception as err:  # shown in the widget, where the poem was
+            self.fail(error_message(err))
         return self.view
+
+    def fail(self, message: str) -> None:
+        """A message where the poem was; the poem and its settings line, which no longer match, go."""
+        self.view = None
+        self.info.value, self.poem.value = "", message_html(message)
 
     def _info(self, before: AcrosticView | None) -> str:
         """The settings the poem was written with, and whether the last change changed the poem."""
@@ -100,8 +116,9 @@ class AcrosticWriter:
                 f"seed {self.seed.value}")
         if before is not None and self.view.ok and before.ok and before.poem == self.view.poem:
             line += " — the same poem as before: with this seed the draws still pick the same characters"
-        return f'<p style="font-size:14px;color:#555">{html.escape(line)}</p>'
+        return f'<p style="{FONT};color:#555;margin:4px 0">{html.escape(line)}</p>'
 
     def show(self) -> None:
         """The live widget (with a static copy of its poem for readers without a kernel)."""
-        display(LiveWidget(self.widget, self._info(None) + self.view.html()))
+        static = self.poem.value if self.view is None else self._info(None) + self.view.html()
+        display(LiveWidget(self.widget, static))

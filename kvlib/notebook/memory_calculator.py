@@ -1,58 +1,15 @@
-"""Notebook 5's memory views: a picture of cache against weights, and a calculator widget.
+"""Notebook 5's memory views: a calculator widget, and (from :mod:`.plots`) the picture of cache against weights.
 
 The numbers come from :mod:`kvlib.memory`; this module only shows them.
 """
 from __future__ import annotations
 
-from ..memory import DTYPE_BYTES, MB, SHAPES, ModelShape, describe
-from . import plots
-from .show import LiveWidget, check_setting, display
+import html
 
-
-def memory_figure(shapes=None, dtype: str = "bfloat16", max_batch: int = 32, highlight: str = "GPT-2 small"):
-    """Left: cache against batch for one model at its context, with its weights as a line.
-    Right: KV-cache bytes per token for every model (MHA against GQA)."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    shapes = list(shapes or SHAPES.values())
-    names = [s.name for s in shapes]
-    if highlight not in names:
-        raise ValueError(f"highlight must be one of the models shown ({', '.join(names)}), got {highlight!r}")
-    check_setting("max_batch", max_batch, 1, 100_000, integer=True)
-    main = shapes[names.index(highlight)]
-    fig = Figure(figsize=(plots.MAX_WIDTH, 5.2), layout="constrained")
-    ax, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.15])
-    batches = np.arange(1, max_batch + 1)
-    cache_mb = [main.kv_cache_bytes(None, int(b), dtype) / MB for b in batches]
-    cross = main.crossover_batch(None, dtype)
-    ax.plot(batches, cache_mb, "-", color=plots.HIGHLIGHT_COLOR, lw=2.5, label="KV cache")
-    ax.axhline(main.weight_bytes(dtype) / MB, color="tab:blue", lw=2, ls="--",
-               label=f"weights ({main.weight_bytes(dtype) / MB:.0f} MB)")
-    ax.plot([cross], [main.kv_cache_bytes(None, cross, dtype) / MB], "o", color="black", ms=8)
-    ax.annotate(f"batch {cross}: the cache passes the weights", (cross, main.kv_cache_bytes(None, cross, dtype) / MB),
-                xytext=(12, -24), textcoords="offset points", fontsize=plots.FONT_SIZE - 2)
-    ax.set_xlabel("batch (sequences)")
-    ax.set_ylabel("MB")
-    ax.set_title(f"{main.name}, {dtype}, {main.context:,} tokens each")
-    ax.set_xlim(0, max_batch)
-    ax.set_ylim(0, max(cache_mb) * 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-
-    per_token = [s.kv_bytes_per_token(dtype) / 1024 for s in shapes]
-    colors = ["#8fb3d9" if s.n_kv_head == s.n_head else plots.HIGHLIGHT_COLOR for s in shapes]
-    y = np.arange(len(shapes))
-    bars = ax2.barh(y, per_token, color=colors)
-    ax2.bar_label(bars, labels=[f"{v:,.0f} KiB  ({s.attention})" for v, s in zip(per_token, shapes)],
-                  padding=3, fontsize=plots.FONT_SIZE - 2)
-    ax2.set_yticks(y, [s.name for s in shapes])
-    ax2.invert_yaxis()
-    ax2.set_xlim(0, max(per_token) * 1.45)
-    ax2.set_xlabel(f"KV cache per token, {dtype} (KiB)")
-    ax2.set_title("blue: every head has its own k, v; orange: grouped-query")
-    ax2.spines[["top", "right"]].set_visible(False)
-    return fig
+from ..memory import DTYPE_BYTES, SHAPES, ModelShape, describe
+from .plots import plot_cache_memory as memory_figure  # noqa: F401  the name notebook 5 imports
+from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row,
+                   message_html, row, slider)
 
 
 class MemoryCalculator:
@@ -76,14 +33,17 @@ class MemoryCalculator:
                              f"got {tokens!r}")
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-        self.model = w.Dropdown(options=list(self.shapes), value=model, description="model")
-        self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=True)
-        self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context")
-        self.dtype = w.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="dtype")
-        self.output = w.HTML()
+        controls = dict(style=control_style(), layout=in_row(320, 260, 440))
+        self.model = w.Dropdown(options=list(self.shapes), value=model, description="model", **controls)
+        self.batch = slider("int", value=batch, min=1, max=256, description="batch", continuous_update=True,
+                            **controls)
+        self.batch.refused = self.fail
+        self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context", **controls)
+        self.dtype = w.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="dtype", **controls)
+        self.output = w.HTML(layout=w.Layout(width="100%"))
         for control in (self.model, self.batch, self.tokens, self.dtype):
             control.observe(lambda _: self._refresh(), names="value")
-        self.widget = w.VBox([w.HBox([self.model, self.dtype]), w.HBox([self.batch, self.tokens]), self.output])
+        self.widget = frame(row(self.model, self.dtype), row(self.batch, self.tokens), self.output)
         self._refresh()
 
     def show(self) -> None:
@@ -94,10 +54,17 @@ class MemoryCalculator:
         shape = self.shapes[self.model.value]
         return describe(shape, self.batch.value, self.tokens.value, self.dtype.value)
 
-    def _refresh(self) -> None:
-        shape = self.shapes[self.model.value]
-        note = ""
-        if self.tokens.value > shape.context:
-            note = f" (longer than the {shape.context:,} tokens {shape.name} was trained for)"
-        self.output.value = f"<p style='font-size:16px'>{self.text()}{note}</p>"
+    def fail(self, message: str) -> None:
+        """A message in place of the answer, which no longer matches the controls."""
+        self.output.value = message_html(message)
 
+    def _refresh(self) -> None:
+        try:
+            shape = self.shapes[self.model.value]
+            note = ""
+            if self.tokens.value > shape.context:
+                note = f" (longer than the {shape.context:,} tokens {shape.name} was trained for)"
+            self.output.value = (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>"
+                                 f"{html.escape(self.text() + note)}</p>")
+        except Exception as err:  # shown in the widget, where the answer was
+            self.fail(error_message(err))

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 from ..text import top_next
 from ..tokenizer import UnknownCharacterError
-from .show import LiveWidget, bars_html, check_setting, display, format_top, message_html, require_str, unknown_message
+from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
+                   in_row, message_html, require_str, row, slider, unknown_message)
 
 
 @dataclass
@@ -36,7 +37,7 @@ def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
 
 
 class PromptBox:
-    """A text box and a k slider beside the top-k bars of the next character (HTML, a fixed size)."""
+    """A text box and a k slider above the top-k bars of the next character (HTML, as wide as there is room)."""
 
     def __init__(self, model, tokenizer, text: str = "春风", k: int = 8):
         import ipywidgets as w
@@ -45,10 +46,12 @@ class PromptBox:
         self.model, self.tokenizer = model, tokenizer
         self.prompt = w.Text(value=text, description="prompt", continuous_update=False,
                              placeholder="type Chinese characters, then press Enter",
-                             layout=w.Layout(width="420px"))
-        self.k = w.IntSlider(value=k, min=3, max=20, description="top k", continuous_update=False)
+                             style=control_style(font_size="16px"), layout=in_row(360, 260, 520))
+        self.k = slider("int", value=k, min=3, max=20, description="top k", continuous_update=False,
+                        layout=in_row(300, 240, 420))
+        self.k.refused = self.fail
         self.chart = w.HTML()
-        self.widget = w.VBox([w.HBox([self.prompt, self.k]), self.chart])
+        self.widget = frame(row(self.prompt, self.k), self.chart)
         self.view: NextView | None = None
         self.prompt.observe(self.update, "value")
         self.k.observe(self.update, "value")
@@ -57,15 +60,25 @@ class PromptBox:
     def html(self) -> str:
         """What the chart area shows now: the bars, or the message in their place."""
         v = self.view
+        if v is None:
+            return self.chart.value
         if not v.ok:
             return message_html(v.message)
         shown = v.text if v.text else "(a poem's start)"
         return bars_html(v.chars, v.probs, title=f"「{shown}」→ ?  the {len(v.chars)} most likely next tokens")
 
-    def update(self, change=None) -> NextView:
-        self.view = next_view(self.model, self.tokenizer, self.prompt.value, self.k.value)
-        self.chart.value = self.html()
+    def update(self, change=None) -> NextView | None:
+        try:
+            self.view = next_view(self.model, self.tokenizer, self.prompt.value, self.k.value)
+            self.chart.value = self.html()
+        except Exception as err:  # shown in the widget, where the bars were
+            self.fail(error_message(err))
         return self.view
+
+    def fail(self, message: str) -> None:
+        """A message in place of the bars, which no longer match the controls."""
+        self.view = None
+        self.chart.value = message_html(message)
 
     def show(self) -> None:
         """The live widget (with a static copy for readers without a kernel)."""

@@ -2,24 +2,39 @@
 
 The functions build ``Figure`` objects directly (no pyplot state), so they work under any backend,
 in a notebook or a script. Importing this module registers the shipped CJK font (:mod:`.fonts`).
+
+Every figure is made for a projector at 1280x720: at most :data:`MAX_WIDTH` by :data:`MAX_HEIGHT`
+inches, text of at least ``FONT_SIZE - 2`` points (legends included), titles wrapped to the width of
+their panel so that neighbouring titles never run into each other, legends off the data, and panels
+that are compared on one scale (``sharex``). ``tests/notebook/test_figures.py`` checks every function
+here with the notebooks' own inputs.
 """
 from __future__ import annotations
 
 import io
 import os
+import unicodedata
 from pathlib import Path
 
 import numpy as np
+from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.lines import Line2D
+from matplotlib.textpath import text_to_path
 
+from ..memory import MB, SHAPES
 from ..tools.integrity import write_bytes
 from .fonts import FONT_SIZE, char_label, use_cjk_font
 
-from .show import BAR_COLOR, HIGHLIGHT_COLOR
+from .show import BAR_COLOR, HIGHLIGHT_COLOR, check_setting
 
 # Figures at most this wide (inches, at 100 dpi: 900 px) keep their text at full size in a notebook at
 # 1280x720, where JupyterLab's output area is about 900 px wide; wider figures would be shrunk.
 MAX_WIDTH = 9.0
+# ... and at most this tall (620 px) fit the same view below the cell that draws them.
+MAX_HEIGHT = 6.2
+SMALL = FONT_SIZE - 2  # points: the smallest text in a figure (bar labels, annotations, legends)
 
 use_cjk_font()
 
@@ -31,8 +46,96 @@ def figure_png(fig: Figure, dpi: int = 90) -> bytes:
     return buf.getvalue()
 
 
-def bar_top_k(chars, probs, title: str | None = None, ax=None, highlight=None) -> Figure:
-    """Horizontal bars of next-character probabilities in %, largest on top; ``highlight`` chars in orange."""
+# ---- text that fits its panel ------------------------------------------------------------------
+
+_BREAK_AFTER = "，。、；：！？"  # a line may end after these, as after a space
+_NO_LINE_START = "，。、；：！？」』）》〉"
+_NO_LINE_END = "「『（《〈"
+
+
+def _points(size) -> float:
+    """A font size ("large", 14, ...) in points."""
+    return FontProperties(size=size).get_size_in_points()
+
+
+def _text_width(text: str, size) -> float:
+    """Width in inches of the widest line of ``text`` at font size ``size``."""
+    prop = FontProperties(size=_points(size))
+    return max(text_to_path.get_text_width_height_descent(line, prop, ismath=False)[0]
+               for line in text.split("\n")) / 72
+
+
+def _wide(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in "WF"
+
+
+def _units(chunk: str) -> list[str]:
+    """A chunk without spaces cut where a line may break inside it: before and after each wide (CJK)
+    character, but never before closing punctuation nor after an opening bracket."""
+    units = []
+    for ch in chunk:
+        prev = units[-1][-1] if units else ""
+        if prev and (ch in _NO_LINE_START or prev in _NO_LINE_END or not (_wide(ch) or _wide(prev))):
+            units[-1] += ch
+        else:
+            units.append(ch)
+    return units
+
+
+def _wrap(text: str, width: float, size) -> str:
+    """``text`` broken into lines of at most ``width`` inches: at spaces and CJK punctuation first, and
+    between CJK characters only inside a run too long for a line."""
+    lines = []
+    for paragraph in text.split("\n"):
+        chunks, current = [], ""
+        for ch in paragraph:
+            current += ch
+            if ch.isspace() or ch in _BREAK_AFTER:
+                chunks.append(current)
+                current = ""
+        if current:
+            chunks.append(current)
+        line = ""
+        for chunk in chunks:
+            for unit in ([chunk] if _text_width(chunk.rstrip(), size) <= width else _units(chunk)):
+                if line.strip() and _text_width((line + unit).rstrip(), size) > width:
+                    lines.append(line.rstrip())
+                    line = unit.lstrip()
+                else:
+                    line += unit
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def _set_title(ax, title: str | None, width: float) -> None:
+    """An axes title wrapped to ``width`` inches (the panel's width), so it stays above its own panel."""
+    if title:
+        ax.set_title(_wrap(title, width, rcParams["axes.titlesize"]))
+
+
+def _suptitle(fig: Figure, title: str | None) -> None:
+    if title:
+        fig.suptitle(_wrap(title, fig.get_figwidth() - 0.3, rcParams["figure.titlesize"]))
+
+
+def _tick_width(labels) -> float:
+    """Inches taken left of an axes by y tick labels ``labels`` and their ticks."""
+    labels = [str(label) for label in labels]
+    return max((_text_width(label, rcParams["ytick.labelsize"]) for label in labels), default=0.0) + 0.15
+
+
+def _panel_widths(fig_width: float, left: list[float]) -> float:
+    """The width of each of ``len(left)`` equal panels side by side under constrained layout, where
+    ``left[i]`` inches of tick labels (and axis label) sit left of panel i: the rest of the figure,
+    less the layout's padding around every panel, shared equally."""
+    pad = 2 * 3 / 72  # constrained layout's w_pad, on both sides of each panel
+    return (fig_width - sum(left) - pad * (len(left) + 1)) / len(left)
+
+
+# ---- bar charts -----------------------------------------------------------------------------------
+
+def _percent(chars, probs) -> tuple[list[str], np.ndarray]:
+    """Characters and their probabilities in %, largest first."""
     if hasattr(probs, "detach"):
         probs = probs.detach().cpu()
     chars = list(chars)
@@ -40,30 +143,77 @@ def bar_top_k(chars, probs, title: str | None = None, ax=None, highlight=None) -
     if len(chars) != len(pct):
         raise ValueError(f"{len(chars)} characters but {len(pct)} probabilities")
     order = np.argsort(-pct, kind="stable")
-    chars, pct = [chars[i] for i in order], pct[order]
+    return [chars[i] for i in order], pct[order]
+
+
+def _bars(ax, chars, pct, highlight) -> None:
+    """Horizontal bars, largest on top, ``highlight`` in orange."""
     highlight = set(highlight or ())
-    if ax is None:
-        fig = Figure(figsize=(6, 1.2 + 0.42 * len(chars)), layout="constrained")
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
     y = np.arange(len(chars))
-    colors = [HIGHLIGHT_COLOR if c in highlight else BAR_COLOR for c in chars]
-    bars = ax.barh(y, pct, color=colors)
-    ax.bar_label(bars, labels=[f"{p:.1f} %" for p in pct], padding=3, fontsize=FONT_SIZE - 2)
-    ax.set_yticks(y, [char_label(c) for c in chars])
+    ax.barh(y, pct, color=[HIGHLIGHT_COLOR if c in highlight else BAR_COLOR for c in chars])
+    labels = [char_label(c) for c in chars]
+    ax.set_yticks(y, labels)
     ax.invert_yaxis()  # the most likely character on top
-    ax.set_xlim(0, max(pct.max(initial=0) * 1.18, 1))
     ax.set_xlabel("probability (%)")
     ax.spines[["top", "right"]].set_visible(False)
-    if title:
-        ax.set_title(title)
+
+
+def _label_bars(ax, values, labels, axes_width: float) -> None:
+    """Value labels for horizontal bars in an axes ``axes_width`` inches wide: beside a bar where the
+    label fits inside the axes, else inside the bar's end (so no label leaves its panel)."""
+    x0, x1 = ax.get_xlim()
+    pad = 4 / 72
+    for y, (value, label) in enumerate(zip(values, labels)):
+        bar = (value - x0) / (x1 - x0) * axes_width
+        text = _text_width(label, SMALL) + pad
+        outside = bar + text + 0.15 <= axes_width or bar < text + pad  # 0.15 in: room for the estimate's error
+        ax.annotate(label, (value, y), xytext=(4 if outside else -4, 0), textcoords="offset points",
+                    ha="left" if outside else "right", va="center", fontsize=SMALL)
+
+
+def bar_top_k(chars, probs, title: str | None = None, ax=None, highlight=None) -> Figure:
+    """Horizontal bars of next-character probabilities in %, largest on top; ``highlight`` chars in orange."""
+    chars, pct = _percent(chars, probs)
+    labels = [char_label(c) for c in chars]
+    if ax is None:
+        fig = Figure(figsize=(6, min(MAX_HEIGHT, 1.2 + 0.42 * len(chars))), layout="constrained")
+        ax = fig.add_subplot()
+        width = _panel_widths(fig.get_figwidth(), [_tick_width(labels)])
+    else:
+        fig = ax.figure
+        width = ax.get_position().width * fig.get_figwidth()
+    _bars(ax, chars, pct, highlight)
+    ax.set_xlim(0, max(pct.max(initial=0) * 1.18, 1))
+    _set_title(ax, title, width)
+    _label_bars(ax, pct, [f"{p:.1f} %" for p in pct], width)
     return fig
 
 
-def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str = "") -> Path:
-    """Draw train loss (light line) and validation loss (markers) against step; save a PNG atomically."""
-    path = Path(path)
+def bar_panels(panels, title: str | None = None, panel_width: float = 4.4) -> Figure:
+    """``bar_top_k`` charts side by side, one per panel: ``(chars, probs[, title[, highlight]])``.
+
+    The panels share one probability axis, so equal bars mean equal probabilities in every panel.
+    """
+    panels = [tuple(p) + (None,) * (4 - len(p)) for p in panels]
+    bars = [_percent(chars, probs) for chars, probs, _, _ in panels]
+    n_bars = max(len(chars) for chars, _ in bars)
+    width = min(panel_width * len(panels), MAX_WIDTH)
+    fig = Figure(figsize=(width, min(MAX_HEIGHT, 1.4 + 0.45 * n_bars)), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+    axes[0].set_xlim(0, max(max(pct.max(initial=0) for _, pct in bars) * 1.18, 1))  # one scale for all
+    panel = _panel_widths(width, [_tick_width([char_label(c) for c in chars]) for chars, _ in bars])
+    for ax, (chars, pct), (_, _, sub, highlight) in zip(axes, bars, panels):
+        _bars(ax, chars, pct, highlight)
+        _set_title(ax, sub, panel)
+        _label_bars(ax, pct, [f"{p:.1f} %" for p in pct], panel)
+    _suptitle(fig, title)
+    return fig
+
+
+# ---- the training log ------------------------------------------------------------------------------
+
+def loss_curve_figure(history: list[dict], title: str = "") -> Figure:
+    """Train loss (light line) and validation loss (markers) against step."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     steps = [row["step"] for row in history]
@@ -75,28 +225,15 @@ def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str = "
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    if title:
-        ax.set_title(title)
-    write_bytes(path, figure_png(fig, dpi=110))
-    return path
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Several bar charts side by side, and a bar chart that a slider can redraw quickly
-# ---------------------------------------------------------------------------------------------
-
-def bar_panels(panels, title: str | None = None, panel_width: float = 4.4) -> Figure:
-    """``bar_top_k`` charts side by side, one per panel: ``(chars, probs[, title[, highlight]])``."""
-    panels = [tuple(p) + (None,) * (4 - len(p)) for p in panels]
-    n_bars = max(len(p[0]) for p in panels)
-    width = min(panel_width * len(panels), MAX_WIDTH)
-    fig = Figure(figsize=(width, 1.4 + 0.45 * n_bars), layout="constrained")
-    for ax, (chars, probs, sub, highlight) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        bar_top_k(chars, probs, title=sub, ax=ax, highlight=highlight)
-    if title:
-        fig.suptitle(title)
+    _set_title(ax, title, fig.get_figwidth() - 1.2)
     return fig
+
+
+def plot_loss_curve(history: list[dict], path: str | os.PathLike, title: str = "") -> Path:
+    """Draw :func:`loss_curve_figure` and save it as a PNG atomically."""
+    path = Path(path)
+    write_bytes(path, figure_png(loss_curve_figure(history, title), dpi=110))
+    return path
 
 
 # ---- notebooks 4-6: the cache, its timing, batches ---------------------------------------------
@@ -114,16 +251,17 @@ def plot_token_forwards(ns, uncached, cached, prompt_length: int, measured=None)
         ax.plot([n, n], [u, c], "o", color="black", ms=6, label="counted in a real run" if i == 0 else None)
     ax.set_xlabel("new tokens N")
     ax.set_ylabel("token-forwards")
-    ax.set_title(f"positions pushed through the network, prompt P = {prompt_length}")
+    _set_title(ax, f"positions pushed through the network, prompt P = {prompt_length}", fig.get_figwidth() - 1.4)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left")  # the curves start at the bottom left and rise to the right
     return fig
 
 
 def plot_masks(masks: dict, row_labels: dict | None = None, col_labels=None,
                xlabel: str = "key position", ylabel: str = "query (new token)") -> Figure:
     """Boolean attention masks side by side: True (may attend) dark, False light; queries are rows."""
-    fig = Figure(figsize=(min(4.2 * len(masks), MAX_WIDTH), 3.8), layout="constrained")
+    width = min(4.2 * len(masks), MAX_WIDTH)
+    fig = Figure(figsize=(width, 3.8), layout="constrained")
     axes = fig.subplots(1, len(masks), squeeze=False)[0]
     for ax, (title, mask) in zip(axes, masks.items()):
         m = np.asarray(mask, dtype=float)
@@ -133,39 +271,45 @@ def plot_masks(masks: dict, row_labels: dict | None = None, col_labels=None,
         labels = list(col_labels[:S]) if col_labels is not None else list(range(S))
         ax.set_xticks(range(0, S, every), labels[::every])
         rows = (row_labels or {}).get(title)
-        ax.set_yticks(range(T), rows if rows is not None else range(T))
+        rows = rows if rows is not None else list(range(T))
+        ax.set_yticks(range(T), rows)
         ax.set_xticks(np.arange(-0.5, S), minor=True)
         ax.set_yticks(np.arange(-0.5, T), minor=True)
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="minor", length=0)
         ax.set_xlabel(xlabel)
-        ax.set_title(title)
+        _set_title(ax, title, width / len(masks) - _tick_width(rows) - 0.25)
     axes[0].set_ylabel(ylabel)
     return fig
 
 
 def plot_cache_check(report) -> Figure:
-    """A ``verify_cache`` report: the largest logit difference per step, and the top-1 minus top-2 margin."""
+    """A ``verify_cache`` report: the largest logit difference per step, and the top-1 minus top-2 margin.
+
+    The suptitle gives the safety factor (smallest margin over largest difference); one legend below
+    the panels names the lines of both.
+    """
     steps = np.arange(1, report.steps + 1)
     diffs = np.maximum(np.asarray(report.step_diffs), 1e-9)  # log scale: show exact zeros at the floor
     margins = np.asarray(report.margins)
-    fig = Figure(figsize=(MAX_WIDTH, 4.4), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = Figure(figsize=(MAX_WIDTH, 5.4), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, sharex=True)  # both panels: the same decode steps
     ax1.semilogy(steps, diffs, "o-", ms=3, color="tab:blue", label="max |cached − recomputed|")
     ax1.axhline(report.atol, color="tab:red", ls="--", label=f"tolerance {report.atol:g}")
     ax1.set_xlabel("decode step")
     ax1.set_ylabel("logit difference")
-    ax1.set_title("cached against recomputed logits")
-    ax1.legend(loc="center right", fontsize=FONT_SIZE - 2)  # between the tolerance line and the differences
+    ax1.set_title("cached against recomputed")
     ax1.grid(alpha=0.3)
     ax2.semilogy(steps, np.maximum(margins, 1e-9), "o-", ms=3, color=HIGHLIGHT_COLOR, label="top-1 − top-2 margin")
     ax2.axhline(report.max_abs_logit_diff, color="tab:blue", ls=":", label="largest difference")
     ax2.set_xlabel("decode step")
     ax2.set_ylabel("logit margin")
-    ratio = min(margins) / max(report.max_abs_logit_diff, 1e-12)
-    ax2.set_title(f"greedy margins: smallest / largest difference ≈ {ratio:,.0f}")
-    ax2.legend(loc="lower right", fontsize=FONT_SIZE - 2)
+    ax2.set_title("greedy margins")
     ax2.grid(alpha=0.3)
+    ratio = min(margins) / max(report.max_abs_logit_diff, 1e-12)
+    _suptitle(fig, f"safety factor: smallest margin / largest difference ≈ {ratio:,.0f}")
+    handles = [*ax1.get_lines(), *ax2.get_lines()]
+    fig.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncols=2)
     return fig
 
 
@@ -179,8 +323,8 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
     series = {name: np.asarray(ms, dtype=float) for name, ms in series.items()}
     baseline = baseline or next(iter(series))
     colors = ["tab:blue", HIGHLIGHT_COLOR, "tab:green", "tab:purple", "tab:brown"]
-    fig = Figure(figsize=(MAX_WIDTH, 4.8), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = Figure(figsize=(MAX_WIDTH, 5.4), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, sharex=True)  # both panels: the same lengths
     grid = np.linspace(0, ns.max(), 100)
     for color, (name, ms) in zip(colors, series.items()):
         degree = 2 if name == baseline else 1
@@ -190,21 +334,74 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
         else:
             curve = np.polyval(np.polyfit(ns, ms, 1), grid)
         ax1.plot(ns, ms, "o", color=color, label=name)
-        ax1.plot(grid, np.clip(curve, 0, None), "-", color=color, alpha=0.6,  # a time is never negative
-                 label="quadratic fit" if degree == 2 else None)
+        ax1.plot(grid, np.clip(curve, 0, None), "-", color=color, alpha=0.6)  # a time is never negative
         if name != baseline:
             ax2.plot(ns, series[baseline] / ms, "o-", color=color, label=name)
+    panel = MAX_WIDTH / 2 - 0.9
     ax1.set_xlabel("new tokens")
     ax1.set_ylabel("median time (ms)")
-    ax1.set_title(title or "time to generate (lines: fits)")
+    _set_title(ax1, title or "time to generate", panel)
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=FONT_SIZE - 2)
     ax2.set_xlabel("new tokens")
     ax2.set_ylabel(f"speed-up over {baseline}")
-    ax2.set_title(f"speed-up = {baseline} time / cached time")
+    _set_title(ax2, f"speed-up = {baseline} time / cached time", panel)
     ax2.set_ylim(0, None)
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=FONT_SIZE - 2)
+    # One legend below both panels (inside, it would cover the points of one of them): a colour per loop.
+    handles = [Line2D([], [], color=color, marker="o", label=name) for color, name in zip(colors, series)]
+    handles.append(Line2D([], [], color="grey", alpha=0.6, label=f"fits: quadratic for {baseline}, else straight"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=2)
+    return fig
+
+
+def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
+                      highlight: str = "GPT-2 small") -> Figure:
+    """Notebook 5's memory picture, from :mod:`kvlib.memory`'s numbers.
+
+    Left: cache against batch for one model (``highlight``) at its context, with its weights as a
+    line and the batch where the cache passes them. Right: KV-cache bytes per token for every model
+    (blue: every head has its own k, v; orange: grouped-query attention).
+    """
+    shapes = list(shapes or SHAPES.values())
+    names = [s.name for s in shapes]
+    if highlight not in names:
+        raise ValueError(f"highlight must be one of the models shown ({', '.join(names)}), got {highlight!r}")
+    check_setting("max_batch", max_batch, 1, 100_000, integer=True)
+    main = shapes[names.index(highlight)]
+    fig = Figure(figsize=(MAX_WIDTH, 5.6), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2)
+    batches = np.arange(1, max_batch + 1)
+    cache_mb = [main.kv_cache_bytes(None, int(b), dtype) / MB for b in batches]
+    weights_mb = main.weight_bytes(dtype) / MB
+    cross = main.crossover_batch(None, dtype)
+    ax.plot(batches, cache_mb, "-", color=HIGHLIGHT_COLOR, lw=2.5, label="KV cache")
+    ax.axhline(weights_mb, color="tab:blue", lw=2, ls="--", label=f"weights ({weights_mb:.0f} MB)")
+    if cross <= max_batch:  # the batch where the cache passes the weights, named in the legend
+        ax.plot(cross, main.kv_cache_bytes(None, cross, dtype) / MB, "o", color="black", ms=8,
+                label=f"batch {cross}: the cache passes the weights")
+    ax.set_xlabel("batch (sequences)")
+    ax.set_ylabel("MB")
+    ax.set_xlim(0, max_batch)
+    top = max(max(cache_mb), weights_mb) * 1.05
+    ax.set_ylim(0, top)
+    left = _tick_width([f"{top:,.0f}"]) + 0.35  # tick labels and "MB"
+    panel = _panel_widths(fig.get_figwidth(), [left, _tick_width(names)])
+    _set_title(ax, f"{main.name}, {dtype},\n{main.context:,} tokens each", panel)
+    ax.grid(alpha=0.3)
+    # Below the panels: inside, for some models and batches, the legend would cover a line.
+    fig.legend(handles=ax.get_lines(), loc="outside lower center", ncols=3)
+
+    per_token = [s.kv_bytes_per_token(dtype) / 1024 for s in shapes]
+    colors = [BAR_COLOR if s.n_kv_head == s.n_head else HIGHLIGHT_COLOR for s in shapes]
+    y = np.arange(len(shapes))
+    ax2.barh(y, per_token, color=colors)
+    ax2.set_yticks(y, names)
+    ax2.invert_yaxis()
+    ax2.set_xlim(0, max(per_token) * 1.3)
+    ax2.set_xlabel(f"KV cache per token, {dtype} (KiB)")
+    _set_title(ax2, "blue: k, v per head (MHA)\norange: shared k, v (GQA)", panel)
+    ax2.spines[["top", "right"]].set_visible(False)
+    _label_bars(ax2, per_token, [f"{v:,.0f} KiB ({s.attention})" for v, s in zip(per_token, shapes)], panel)
     return fig
 
 
@@ -212,20 +409,58 @@ def plot_token_grid(labels, key_mask, title: str = "") -> Figure:
     """A left-padded batch: one row per prompt, real tokens labelled, padding shaded grey."""
     mask = np.asarray(key_mask, dtype=bool)
     B, T = mask.shape
-    fig = Figure(figsize=(min(0.62 * T + 2, MAX_WIDTH), 0.62 * B + 1.3), layout="constrained")
+    fig = Figure(figsize=(min(0.62 * T + 2, MAX_WIDTH), min(0.62 * B + 1.3, MAX_HEIGHT)), layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(np.where(mask, 1.0, 0.25), cmap="Blues", vmin=0, vmax=2.2, aspect="equal", interpolation="nearest")
     for b in range(B):
         for t in range(T):
             ax.text(t, b, char_label(labels[b][t]) if mask[b, t] else "pad", ha="center", va="center",
-                    fontsize=FONT_SIZE if mask[b, t] else FONT_SIZE - 2, color="black" if mask[b, t] else "grey")
+                    fontsize=FONT_SIZE if mask[b, t] else SMALL, color="black" if mask[b, t] else "grey")
     ax.set_xticks(range(T))
-    ax.set_yticks(range(B), [f"row {b}" for b in range(B)])
+    rows = [f"row {b}" for b in range(B)]
+    ax.set_yticks(range(B), rows)
     ax.set_xticks(np.arange(-0.5, T), minor=True)
     ax.set_yticks(np.arange(-0.5, B), minor=True)
     ax.grid(which="minor", color="white", lw=2)
     ax.tick_params(which="minor", length=0)
     ax.set_xlabel("column")
-    if title:
-        ax.set_title(title)
+    _set_title(ax, title, fig.get_figwidth() - _tick_width(rows) - 0.2)
+    return fig
+
+
+# ---- notebook 8: speculative decoding ----------------------------------------------------------------
+
+def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Figure:
+    """A speculative-decoding sweep over γ, one colour per draft.
+
+    Left: tokens per target call, measured (dots) against the formula (1 − α^(γ+1)) / (1 − α) (lines).
+    Right: time per token, with plain greedy decoding as a dashed line. ``rows_by_draft`` maps a
+    draft's name to its rows, dicts with ``gamma``, ``tokens_per_call``, ``formula`` and
+    ``us_per_token`` (``run_spec_bench``'s ``report["results"][name]["rows"]``).
+    """
+    fig = Figure(figsize=(MAX_WIDTH, 4.6), layout="constrained")
+    ax_calls, ax_time = fig.subplots(1, 2, sharex=True)  # both panels: the same γ
+    colors = ["tab:blue", HIGHLIGHT_COLOR, "tab:green", "tab:purple", "tab:brown", "tab:olive"]
+    handles = []
+    for color, (name, rows) in zip(colors, rows_by_draft.items()):
+        gammas = [r["gamma"] for r in rows]
+        ax_calls.plot(gammas, [r["tokens_per_call"] for r in rows], "o", color=color, ms=7)
+        ax_calls.plot(gammas, [r["formula"] for r in rows], "-", color=color)
+        ax_time.plot(gammas, [r["us_per_token"] for r in rows], "o-", color=color, ms=7)
+        handles.append(Line2D([], [], color=color, marker="o", ms=7, label=name))
+    ax_time.axhline(plain_us_per_token, color="grey", ls="--")
+    ax_calls.set(xlabel="γ (guesses per round)", ylabel="tokens per target call", title="tokens per target call")
+    ax_time.set(xlabel="γ (guesses per round)", ylabel="µs per token", title="time per token (this run)")
+    ax_time.set_ylim(0, None)
+    for ax in (ax_calls, ax_time):
+        ax.grid(alpha=0.3)
+    keys = [Line2D([], [], color="black", marker="o", ls="none", ms=7, label="measured"),
+            Line2D([], [], color="black", label="formula"),
+            Line2D([], [], color="grey", ls="--", label="plain greedy (fast path)")]
+    # Row by row: the drafts' colours, then what dots and lines mean (a legend fills column by column).
+    ncols = max(len(handles), len(keys))
+    rows = [handles + [Line2D([], [], ls="none", label="")] * (ncols - len(handles)), keys + [
+        Line2D([], [], ls="none", label="")] * (ncols - len(keys))]
+    ordered = [row[c] for c in range(ncols) for row in rows]
+    fig.legend(ordered, [h.get_label() for h in ordered], loc="outside lower center", ncols=ncols)
     return fig

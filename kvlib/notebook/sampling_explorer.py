@@ -14,10 +14,11 @@ import torch
 
 from ..decoding import generate
 from ..sampling import probabilities
-from ..text import encode_prompt
+from ..text import encode_prompt, no_unk, unk_ids
 from ..tokenizer import UnknownCharacterError
 from . import plots
-from .show import LiveWidget, bars_html, check_setting, display, message_html, require_str, unknown_message
+from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
+                   in_column, message_html, require_str, row, slider, unknown_message)
 
 SEPARATOR_LABEL = "⏎"
 
@@ -37,6 +38,7 @@ class ExplorerView:
     n_kept: int = 0                # tokens kept at the first step, out of the vocabulary
     kept_mass: float = 0.0         # their share of the tempered probability mass
     vocab_size: int = 0
+    unk_banned: bool = False       # the tokenizer's <unk> had its score set to -inf before every draw
     message: str = ""
 
     @property
@@ -50,7 +52,8 @@ class ExplorerView:
 
     def kept_line(self) -> str:
         return (f"first step: {self.n_kept:,} of {self.vocab_size:,} tokens kept, "
-                f"{100 * self.kept_mass:.1f}% of the probability after temperature")
+                f"{100 * self.kept_mass:.1f}% of the probability after temperature"
+                + (" (<unk> is never written)" if self.unk_banned else ""))
 
     def summary(self) -> str:
         if not self.ok:
@@ -75,8 +78,10 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     """Write ``n_chars`` new characters after ``prompt`` and describe the first step's choice.
 
     The first step's logits are captured from inside ``generate`` (through its logits hook), so
-    the bars show exactly the distribution the first character was drawn from. The poem does
-    not stop at the poem separator: when one poem ends, the next begins on a new line.
+    the bars show exactly the distribution the first character was drawn from: ``<unk>``, which
+    stands for the corpus's rarest characters, is banned first (``no_unk``), as everywhere text is
+    written for people. The poem does not stop at the poem separator: when one poem ends, the next
+    begins on a new line.
     """
     prompt = require_str("prompt", prompt).strip()
     block = model.config.block_size
@@ -85,7 +90,8 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     check_setting("seed", seed, 0, 2**63 - 1, integer=True)
     check_setting("temperature", temperature, 0.0, 100.0)
     top_k, top_p = _filters(top_k, top_p)
-    view = ExplorerView(prompt, float(temperature), top_k, top_p, int(seed), vocab_size=tokenizer.vocab_size)
+    view = ExplorerView(prompt, float(temperature), top_k, top_p, int(seed), vocab_size=tokenizer.vocab_size,
+                        unk_banned=bool(unk_ids(tokenizer)))
     try:
         ids = encode_prompt(tokenizer, prompt)
     except UnknownCharacterError as err:
@@ -104,9 +110,10 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
         return logits
 
     out = generate(model, torch.tensor([ids]), n_chars, temperature=view.temperature, top_k=top_k,
-                   top_p=top_p, generator=torch.Generator().manual_seed(view.seed), logits_hook=capture)
+                   top_p=top_p, generator=torch.Generator().manual_seed(view.seed),
+                   logits_hook=no_unk(tokenizer, capture))
     view.poem = tokenizer.decode(out.new_tokens[0].tolist())
-    tempered = probabilities(first[0], view.temperature)[0]                       # (V,)
+    tempered = probabilities(first[0], view.temperature)[0]                       # (V,); one-hot at 0
     kept = probabilities(first[0], view.temperature, top_k, top_p)[0] > 0          # (V,) bool
     values, top_ids = tempered.topk(n_bars)
     view.chars = [tokenizer.decode([i]) for i in top_ids.tolist()]
@@ -120,15 +127,18 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
 def poem_html(prompt: str, poem: str) -> str:
     """The prompt in bold, then the poem, a new line wherever a poem ends."""
     body = html.escape(poem).replace("\n", f'<span style="color:#999"> {SEPARATOR_LABEL}</span><br>')
-    return (f'<div style="font-size:20px;line-height:1.6"><b>{html.escape(prompt)}</b>{body}</div>')
+    return (f'<div style="font-size:20px;line-height:1.6;overflow-wrap:anywhere"><b>{html.escape(prompt)}</b>'
+            f'{body}</div>')
 
 
 class SliderExplorer:
-    """Temperature, top-k, top-p and seed sliders plus a prompt, above a poem and the first step's bars.
+    """Temperature, top-k, top-p and seed sliders plus a prompt, beside (or, when narrow, above) a poem and the
+    first step's bars.
 
     Any change writes a new poem of ``n_chars`` characters and redraws the bars: orange bars are
-    the tokens the filters keep, blue ones are dropped (at temperature 0 only the winner is drawn).
-    ``timing`` holds the last update's
+    the tokens the filters keep, blue ones are dropped (at temperature 0 only the winner is drawn,
+    at 100 %). A failed update or a value off a slider's range leaves a message where the poem was and
+    clears the bars, which no longer match the controls. ``timing`` holds the last update's
     milliseconds until the poem was shown (``poem_ms``) and until the bars were redrawn (``update_ms``),
     as wall-clock time and as this process's CPU time (``*_cpu_ms``: what the update costs when
     the machine is busy with other work).
@@ -143,56 +153,75 @@ class SliderExplorer:
                                                  ("seed", seed, 0, 99, True)):
             check_setting(name, value, low, high, integer)
         self.model, self.tokenizer, self.n_chars = model, tokenizer, n_chars
-        slider = dict(continuous_update=False, style={"description_width": "90px"},
-                      layout=w.Layout(width="420px"))
+        common = dict(continuous_update=False, layout=in_column(460))
         self.prompt = w.Text(value=prompt, description="prompt", placeholder="empty: start a new poem",
-                             **slider)
-        self.temperature = w.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05,
-                                         description="temperature", **slider)
-        self.top_k = w.IntSlider(value=top_k, min=0, max=100, description="top-k (0 off)", **slider)
-        self.top_p = w.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05,
-                                   description="top-p (1 off)", **slider)
-        self.seed = w.IntSlider(value=seed, min=0, max=99, description="seed", **slider)
-        self.poem = w.HTML(layout=w.Layout(width="440px"))
-        self.info = w.HTML()
-        self.chart = w.HTML()
-        controls = w.VBox([self.prompt, self.temperature, self.top_k, self.top_p, self.seed, self.info, self.poem])
-        self.widget = w.HBox([controls, self.chart])  # side by side: sliders and bars on screen together
+                             style=control_style(font_size="16px"), **common)
+        self.temperature = slider("float", value=temperature, min=0.0, max=2.0, step=0.05,
+                                  description="temperature", **common)
+        self.top_k = slider("int", value=top_k, min=0, max=100, description="top-k (0 off)", **common)
+        self.top_p = slider("float", value=top_p, min=0.05, max=1.0, step=0.05, description="top-p (1 off)",
+                            **common)
+        self.seed = slider("int", value=seed, min=0, max=99, description="seed", **common)
+        self.poem = w.HTML(layout=w.Layout(width="100%"))
+        self.info = w.HTML(layout=w.Layout(width="100%"))
+        self.chart = w.HTML(layout=w.Layout(flex="1 1 340px", min_width="0", max_width="560px"))
+        controls = w.VBox([self.prompt, self.temperature, self.top_k, self.top_p, self.seed, self.info, self.poem],
+                          layout=w.Layout(flex="1 1 360px", min_width="0", max_width="560px", margin="0 24px 0 0"))
+        # side by side where there is room, so that sliders and bars are on screen together; else stacked
+        self.widget = frame(row(controls, self.chart, align="flex-start"))
         self.n_bars = n_bars
         self.view: ExplorerView | None = None
         self.timing: dict[str, float] = {}
+        for control in (self.temperature, self.top_k, self.top_p, self.seed):
+            control.refused = self.fail
         for control in (self.prompt, self.temperature, self.top_k, self.top_p, self.seed):
             control.observe(self.update, "value")
         self.update()
 
-    def update(self, change=None) -> ExplorerView:
+    def update(self, change=None) -> ExplorerView | None:
         start, cpu_start = time.perf_counter(), time.process_time()
-        view = explore(self.model, self.tokenizer, self.prompt.value, self.temperature.value,
-                       self.top_k.value, self.top_p.value, self.seed.value, self.n_chars, self.n_bars)
-        self.view = view
-        self.poem.value, self.info.value, chart = self._html(view)
-        poem_done, poem_cpu = time.perf_counter(), time.process_time()
-        self.chart.value = chart
+        try:
+            view = explore(self.model, self.tokenizer, self.prompt.value, self.temperature.value,
+                           self.top_k.value, self.top_p.value, self.seed.value, self.n_chars, self.n_bars)
+            self.view = view
+            self.poem.value, self.info.value, chart = self._html(view)
+            poem_done, poem_cpu = time.perf_counter(), time.process_time()
+            self.chart.value = chart
+        except Exception as err:  # shown in the widget, where the poem was
+            self.fail(error_message(err))
+            return None
         end, cpu_end = time.perf_counter(), time.process_time()
         self.timing = {"poem_ms": 1e3 * (poem_done - start), "update_ms": 1e3 * (end - start),
                        "poem_cpu_ms": 1e3 * (poem_cpu - cpu_start), "update_cpu_ms": 1e3 * (cpu_end - cpu_start)}
         return view
 
+    def fail(self, message: str) -> None:
+        """A message where the poem was; the settings line, poem and bars of the last update go."""
+        self.view = None
+        self.info.value, self.poem.value, self.chart.value = "", message_html(message), ""
+
     @staticmethod
     def _html(view: ExplorerView) -> tuple[str, str, str]:
         """(poem, settings line, chart) for a view; a bad input clears the chart and says why."""
-        settings = f'<p style="font-size:14px">{html.escape(view.settings())}'
+        settings = f'<p style="{FONT};margin:4px 0">{html.escape(view.settings())}'
         if not view.ok:
             return message_html(view.message), settings + "</p>", ""
         kept = [c for c, k in zip(view.chars, view.kept) if k]
-        probs = view.probs if view.temperature > 0 else [p if k else 0.0 for p, k in zip(view.probs, view.kept)]
         return (poem_html(view.prompt, view.poem), f"{settings}<br>{html.escape(view.kept_line())}</p>",
-                bars_html(view.chars, probs, highlight=kept, title=view.title()))
+                bars_html(view.chars, view.probs, highlight=kept, title=view.title(), width=520))
+
+    def static_html(self) -> str:
+        """The widget's current state as plain HTML: settings, poem and bars, side by side when they fit."""
+        if self.view is None:
+            return self.poem.value
+        poem, info, chart = self._html(self.view)
+        return (f'<div style="display:flex;flex-wrap:wrap;gap:8px 24px;align-items:flex-start">'
+                f'<div style="flex:1 1 340px;min-width:0;max-width:560px">{info}{poem}</div>'
+                f'<div style="flex:1 1 340px;min-width:0;max-width:560px">{chart}</div></div>')
 
     def show(self) -> None:
         """The live widget (with a static copy for readers without a kernel)."""
-        poem, info, chart = self._html(self.view)
-        display(LiveWidget(self.widget, f'<div style="display:flex;gap:24px"><div>{info}{poem}</div>{chart}</div>'))
+        display(LiveWidget(self.widget, self.static_html()))
 
 
 def measure_update_latency(model=None, tokenizer=None, repeats: int = 7, **settings) -> dict[str, float]:
@@ -211,8 +240,9 @@ def measure_update_latency(model=None, tokenizer=None, repeats: int = 7, **setti
     explorer.update()  # warm-up
     temps, seeds = [], []
     t0 = explorer.temperature.value
+    nudge = 0.05 if t0 + 0.05 <= explorer.temperature.max else -0.05  # a change the slider accepts
     for i in range(repeats):
-        explorer.temperature.value = t0 + (0.05 if i % 2 == 0 else 0.0)
+        explorer.temperature.value = t0 + (nudge if i % 2 == 0 else 0.0)
         temps.append(explorer.timing)
         explorer.seed.value = (explorer.seed.value + 1) % (explorer.seed.max + 1)
         seeds.append(explorer.timing)

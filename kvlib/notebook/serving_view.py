@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import html
 
+from ..checks import check_int
 from ..model import GPT
 from ..serving import Engine, Request, StepRecord
-from .show import LiveWidget, display
+from .show import FONT, LiveWidget, display, error_message, frame, message_html, row
 
 STATE_COLORS = {
     "admitted": "#8fb3d9",       # prefilled in this step
@@ -21,7 +22,7 @@ STATE_COLORS = {
     "cached, free": "#d9d9d9",   # free, but still holding a full block a later prompt may hit
     "free": "#f6f6f6",
 }
-COLUMNS, CELL_W, CELL_H = 8, 74, 40
+COLUMNS, CELL_W, CELL_H = 8, 76, 46  # the grid is 608 px wide where there is room, and shrinks where there is not
 
 
 class StepClock:
@@ -73,14 +74,17 @@ def pool_html(engine: Engine, record: StepRecord | None = None) -> str:
         x, y = (i % COLUMNS) * CELL_W, (i // COLUMNS) * CELL_H
         parts.append(f'<rect x="{x}" y="{y}" width="{CELL_W - 3}" height="{CELL_H - 3}" fill="{STATE_COLORS[state]}" '
                      f'stroke="#bbb"/>')
-        parts.append(f'<text x="{x + 4}" y="{y + 14}" font-size="11" fill="#666">{i}</text>')
+        parts.append(f'<text x="{x + 4}" y="{y + 16}" font-size="16" fill="#666">{i}</text>')
         if label:
-            parts.append(f'<text x="{x + CELL_W / 2 - 1}" y="{y + 30}" font-size="13" text-anchor="middle" '
+            parts.append(f'<text x="{x + CELL_W / 2 - 1}" y="{y + 37}" font-size="16" text-anchor="middle" '
                          f'fill="#222">{html.escape(label)}</text>')
-    svg = (f'<svg width="{COLUMNS * CELL_W}" height="{rows * CELL_H}" xmlns="http://www.w3.org/2000/svg">'
-           f'{"".join(parts)}</svg>')
-    legend = " ".join(f'<span style="display:inline-block;width:12px;height:12px;background:{c};'
-                      f'border:1px solid #bbb"></span> {html.escape(s)}' for s, c in STATE_COLORS.items())
+    width, height = COLUMNS * CELL_W, rows * CELL_H
+    svg = (f'<svg viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="xMinYMin meet" '
+           f'style="display:block;max-width:{width}px;height:auto;font-family:sans-serif" '
+           f'xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>')
+    legend = "".join(f'<span style="white-space:nowrap;margin-right:14px"><span style="display:inline-block;'
+                     f'width:14px;height:14px;vertical-align:middle;background:{c};border:1px solid #bbb"></span> '
+                     f'{html.escape(s)}</span> ' for s, c in STATE_COLORS.items())
     c, b = engine.cache, engine.cache.block_size
     used, real = c.used_blocks() * b, c.stored_tokens()
     share = f"{100 * real / used:.0f} %" if used else "–"
@@ -97,9 +101,9 @@ def pool_html(engine: Engine, record: StepRecord | None = None) -> str:
     counters = (f"blocks in use {c.used_blocks()} of {c.pool.num_blocks}; reserved positions {used}, holding a "
                 f"token {real} ({share}); running {len(engine.running)}, finished {len(engine.finished)}")
     waiting = (f"waiting: {', '.join(queue) if queue else 'nobody'}" + (f"; {later} not arrived yet" if later else ""))
-    return (f'<div style="font-family:sans-serif;font-size:14px">'
-            f'<div style="font-weight:600;font-size:15px">{html.escape(title)}</div>{svg}'
-            f'<div style="margin:4px 0">{legend}</div><div>{html.escape(counters)}</div>'
+    return (f'<div style="font-family:sans-serif;{FONT};max-width:100%;overflow-wrap:anywhere">'
+            f'<div style="font-weight:600;font-size:17px;margin-bottom:4px">{html.escape(title)}</div>{svg}'
+            f'<div style="margin:6px 0;line-height:1.8">{legend}</div><div>{html.escape(counters)}</div>'
             f'<div>{html.escape(waiting)}</div></div>')
 
 
@@ -117,36 +121,65 @@ class ServingView:
         self.model, self.requests = model, requests
         self.options = dict(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                             enable_prefix_caching=enable_prefix_caching)
-        self.start_steps = start_steps
-        self.step_button = w.Button(description="Step", button_style="primary", icon="forward")
-        self.reset_button = w.Button(description="Reset", icon="refresh")
-        self.board = w.HTML()
+        self.start_steps = check_int("start_steps", start_steps, 0)
+        button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
+        self.step_button = w.Button(description="Step", button_style="primary", icon="forward", **button)
+        self.reset_button = w.Button(description="Reset", icon="refresh", **button)
+        self.board = w.HTML(layout=w.Layout(width="100%"))
         self.step_button.on_click(lambda _: self.step())
         self.reset_button.on_click(lambda _: self.reset())
-        self.widget = w.VBox([w.HBox([self.step_button, self.reset_button]), self.board])
-        self.reset()
+        self.widget = frame(row(self.step_button, self.reset_button), self.board)
+        self.engine: Engine | None = None
+        self.record: StepRecord | None = None
+        self._build()  # a bad setting (too few blocks, say) raises here, before anything is on screen
+        self._refresh()
 
-    def reset(self) -> None:
+    def _build(self) -> None:
         opts = dict(self.options)
         self.engine = Engine(self.model, opts.pop("num_blocks"), clock=StepClock(), **opts)
         for r in sorted(self.requests, key=lambda r: r.arrival):
             self.engine.add(r)
-        self.record: StepRecord | None = None
+        self.record = None
         for _ in range(self.start_steps):
-            self.step(refresh=False)
-        self._refresh()
+            self._step_engine()
 
-    def step(self, refresh: bool = True) -> StepRecord | None:
+    def _step_engine(self) -> None:
         if self.engine.has_work:
             self.record = self.engine.step()
             self.engine.clock.t += 1
-        self.step_button.disabled = not self.engine.has_work
+
+    def reset(self) -> None:
+        try:
+            self._build()
+        except Exception as err:  # shown in the widget, in place of the pool
+            self.fail(error_message(err))
+            return
+        self._refresh()
+
+    def step(self, refresh: bool = True) -> StepRecord | None:
+        if self.engine is None:  # a failed update: its message stays until Reset
+            return None
+        try:
+            self._step_engine()
+        except Exception as err:
+            self.fail(error_message(err))
+            return None
         if refresh:
             self._refresh()
         return self.record
 
+    def fail(self, message: str) -> None:
+        """A message in place of the pool, which no longer shows the engine; Step waits for Reset."""
+        self.engine, self.record = None, None
+        self.step_button.disabled = True
+        self.board.value = message_html(message)
+
     def _refresh(self) -> None:
-        self.board.value = pool_html(self.engine, self.record)
+        try:
+            self.step_button.disabled = not self.engine.has_work
+            self.board.value = pool_html(self.engine, self.record)
+        except Exception as err:
+            self.fail(error_message(err))
 
     def picture(self):
         """The current state as a static HTML output (what a reader without a kernel sees)."""

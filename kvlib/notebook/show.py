@@ -1,10 +1,17 @@
 """Putting results on screen: messages, HTML bars, and a live widget that carries its static copy.
 
 Shared by the widgets of every notebook, so that the same mistake gets the same message everywhere.
-Live charts are HTML drawn by the browser (crisp at any zoom, a fixed size, no image to encode); a
-widget is displayed through :class:`LiveWidget`, whose output also holds a static HTML copy of its
-current state: JupyterLab shows the live widget, a reader without a kernel (GitHub, nbviewer) sees
-the copy, and never both at once.
+Live charts are HTML drawn by the browser (crisp at any zoom, no image to encode); a widget is
+displayed through :class:`LiveWidget`, whose output also holds a static HTML copy of its current
+state: JupyterLab shows the live widget, a reader without a kernel (GitHub, nbviewer) sees the copy,
+and never both at once.
+
+Every widget fits any width from about 800 px (JupyterLab with its file browser open, or zoomed to
+150 %) to 1920 px: rows of controls wrap onto more lines, widths are ``max-width`` / ``flex`` /
+percentages rather than fixed pixels, and pictures scale. Its smallest text is :data:`MIN_FONT_PX`.
+Controls that have no font-size style of their own (sliders, dropdowns, toggle buttons) get it from
+:data:`WIDGET_CSS`, one ``<style>`` scoped to the class :data:`WIDGET_CLASS` that :func:`frame` puts
+on every widget.
 """
 from __future__ import annotations
 
@@ -14,6 +21,23 @@ from ..tokenizer import UnknownCharacterError
 from .fonts import char_label
 
 BAR_COLOR, HIGHLIGHT_COLOR = "#8fb3d9", "#e07b39"
+MESSAGE_COLOR = "#a34000"
+
+MIN_FONT_PX = 16          # the smallest text anywhere inside a widget or its static copy
+FONT = f"font-size:{MIN_FONT_PX}px"
+WIDGET_CLASS = "kvlib-widget"
+# ipywidgets 8 sizes labels, readouts, inputs, menus and buttons by --jp-widgets-font-size (13 px in
+# JupyterLab); the floor keeps presentation mode's larger size where it is larger.
+_SIZE = f"max({MIN_FONT_PX}px, var(--jp-widgets-font-size, {MIN_FONT_PX}px))"
+WIDGET_CSS = (
+    f".{WIDGET_CLASS}{{max-width:100%;font-size:{_SIZE}}}"
+    f".{WIDGET_CLASS} :is(.widget-label,.jupyter-widget-label,.widget-readout,.jupyter-widget-readout,"
+    f".widget-html,.jupyter-widget-html,.widget-html-content,.jupyter-widget-html-content,.jupyter-button,"
+    f".widget-toggle-button,input,select,option,textarea){{font-size:{_SIZE}}}"
+    f".{WIDGET_CLASS} :is(.widget-readout,.jupyter-widget-readout){{min-width:3.5em;overflow:visible}}"
+    f".{WIDGET_CLASS} :is(.widget-html-content,.jupyter-widget-html-content){{line-height:1.5}}"
+)
+LABEL_WIDTH = "7.5em"     # a control's description: "temperature", "top-k (0 off)" at 16 px
 
 
 def unknown_message(err: UnknownCharacterError) -> str:
@@ -25,6 +49,14 @@ def unknown_message(err: UnknownCharacterError) -> str:
             "occur at least twice in the Tang poems; try other characters.")
 
 
+def error_message(err: BaseException) -> str:
+    """What a widget says in place of its picture when an update fails."""
+    if isinstance(err, UnknownCharacterError):
+        return unknown_message(err)
+    return (f"This change could not be shown ({type(err).__name__}: {err}). Nothing from before it is "
+            "left on show; change a setting, or press Reset where there is one, to try again.")
+
+
 def format_top(text: str, pairs, decimals: int = 1) -> str:
     """One line: 「text」→ each candidate with its probability in %, most likely first."""
     cands = "  ".join(f"{char_label(ch)} {100 * p:.{decimals}f}%" for ch, p in pairs)
@@ -33,7 +65,7 @@ def format_top(text: str, pairs, decimals: int = 1) -> str:
 
 def message_html(text: str) -> str:
     """A message in place of a result (a typing mistake, something that does not fit)."""
-    return f'<p style="font-size:15px;color:#a34000">{html.escape(text)}</p>'
+    return f'<p style="{FONT};color:{MESSAGE_COLOR};margin:4px 0">{html.escape(text)}</p>'
 
 
 def check_setting(name: str, value, low, high, integer: bool = False):
@@ -67,7 +99,7 @@ def html_label(token: str) -> str:
 
 
 def bars_html(labels, probs, highlight=(), title: str = "", width: int = 440) -> str:
-    """Horizontal bars in %, largest first, as HTML of a fixed ``width`` in pixels.
+    """Horizontal bars in %, largest first, as HTML at most ``width`` pixels wide (narrower when the room is).
 
     ``highlight`` labels are orange, the rest blue; bars of probability 0 are left out.
     """
@@ -81,13 +113,101 @@ def bars_html(labels, probs, highlight=(), title: str = "", width: int = 440) ->
     for p, i in rows:
         color = HIGHLIGHT_COLOR if labels[i] in highlight else BAR_COLOR
         body.append(
-            f'<div style="display:flex;align-items:center;height:30px">'
-            f'<span style="width:44px;font-size:20px;text-align:center">{html_label(labels[i])}</span>'
-            f'<span style="width:{width - 120}px"><span style="display:inline-block;height:22px;'
-            f'width:{max(1.0, 100 * p / top):.1f}%;background:{color}"></span></span>'
-            f'<span style="width:70px;font-size:16px;padding-left:6px">{p:.1f} %</span></div>')
-    head = f'<div style="font-size:17px;font-weight:600;margin-bottom:4px">{html.escape(title)}</div>' if title else ""
-    return f'<div style="width:{width}px;font-family:sans-serif">{head}{"".join(body)}</div>'
+            f'<div style="display:flex;flex-wrap:wrap;align-items:center;min-height:30px">'
+            f'<span style="flex:0 0 auto;min-width:2.2em;font-size:20px;text-align:center">{html_label(labels[i])}</span>'
+            f'<span style="flex:1 1 80px;min-width:60px"><span style="display:inline-block;height:22px;'
+            f'vertical-align:middle;width:{max(1.0, 100 * p / top):.1f}%;background:{color}"></span></span>'
+            f'<span style="flex:0 0 auto;min-width:4.5em;{FONT};padding-left:6px">{p:.1f} %</span></div>')
+    head = (f'<div style="font-size:17px;font-weight:600;margin-bottom:4px">{html.escape(title)}</div>'
+            if title else "")
+    return (f'<div style="width:100%;max-width:{width}px;box-sizing:border-box;{FONT};font-family:sans-serif">'
+            f'{head}{"".join(body)}</div>')
+
+
+# ---- widget frames: the style, rows that wrap, controls that shrink -------------------------------
+
+def frame(*children):
+    """The outermost box of a widget: ``children`` in a column, under the scoped :data:`WIDGET_CSS`.
+
+    The ``<style>`` sits in a hidden HTML widget beside the column, so the column holds only what the
+    widget shows.
+    """
+    import ipywidgets as w
+
+    style = w.HTML(f"<style>{WIDGET_CSS}</style>", layout=w.Layout(display="none"))
+    column = w.VBox(list(children), layout=w.Layout(width="100%", max_width="100%"))
+    box = w.Box([style, column], layout=w.Layout(display="flex", flex_flow="column", width="100%",
+                                                 max_width="100%"))
+    box.add_class(WIDGET_CLASS)
+    return box
+
+
+def row(*children, align: str = "center", width: str = "100%"):
+    """Controls side by side while they fit, on more lines when they do not."""
+    import ipywidgets as w
+
+    return w.HBox(list(children), layout=w.Layout(flex_flow="row wrap", align_items=align, width=width,
+                                                  max_width="100%"))
+
+
+def in_row(basis: int = 320, smallest: int = 240, largest: int = 480):
+    """The layout of a control in a :func:`row`: ``basis`` px wide when there is room, never clipped."""
+    import ipywidgets as w
+
+    return w.Layout(flex=f"1 1 {basis}px", min_width=f"{smallest}px", max_width=f"min(100%, {largest}px)",
+                    width="auto")
+
+
+def in_column(largest: int = 480):
+    """The layout of a control stacked in a column: the column's width, up to ``largest`` px."""
+    import ipywidgets as w
+
+    return w.Layout(width="100%", max_width=f"{largest}px")
+
+
+def control_style(**more) -> dict:
+    """The style of a control with a description: one width for every description of a widget."""
+    return {"description_width": LABEL_WIDTH, **more}
+
+
+def _strict(base):
+    """``base`` (IntSlider, FloatSlider) refusing a value off its range instead of clamping it."""
+    from traitlets import TraitError, validate
+
+    class Strict(base):
+        refused = None  # set by the widget: called with a message when a value is refused
+
+        @validate("value")
+        def _validate_value(self, proposal):
+            value = proposal["value"]
+            if not self.min <= value <= self.max:
+                message = (f"{self.description or 'the value'} {value} is off the slider's range "
+                           f"[{self.min}, {self.max}]: refused, the slider stays at {self.value}")
+                if self.refused is not None:
+                    self.refused(message)
+                raise TraitError(message)
+            return value
+
+    Strict.__name__ = Strict.__qualname__ = f"Strict{base.__name__}"
+    return Strict
+
+
+def slider(kind: str = "float", **kwargs):
+    """A slider (``kind`` "int" or "float") that refuses a value off its range with a message.
+
+    ipywidgets' own sliders clamp such a value to the range without a word; this one raises a
+    ``TraitError`` and first calls its ``refused(message)``, which the widget points at its message area.
+    """
+    import ipywidgets as w
+
+    global _SLIDERS
+    if _SLIDERS is None:
+        _SLIDERS = {"int": _strict(w.IntSlider), "float": _strict(w.FloatSlider)}
+    kwargs.setdefault("style", control_style())
+    return _SLIDERS[kind](**kwargs)
+
+
+_SLIDERS = None
 
 
 STATIC_NOTE = "A static copy of the widget in its default state: run the notebook to use it live."
@@ -101,6 +221,7 @@ class LiveWidget:
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
-        bundle["text/html"] = (f'<div><p style="font-size:13px;color:#777">{html.escape(STATIC_NOTE)}</p>'
+        bundle["text/html"] = (f'<div style="{FONT};max-width:100%;overflow-wrap:anywhere">'
+                               f'<p style="{FONT};color:#666;margin:0 0 6px 0">{html.escape(STATIC_NOTE)}</p>'
                                f"{self.static_html}</div>")
         return bundle

@@ -11,10 +11,11 @@ import html
 
 import torch
 
+from ..checks import check_int
 from ..speculative import Draft, Round, SpeculativeDecoder
-from ..tokenizer import UnknownCharacterError
-from ..text import encode_prompt
-from .show import HIGHLIGHT_COLOR, LiveWidget, html_label, message_html, unknown_message
+from ..text import encode_prompt, unk_ids
+from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, error_message, frame, html_label,
+                   in_row, message_html, row, slider)
 
 KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
 STYLES = {"kept": f"background:#e3f2e1;color:{KEPT}", "rejected": f"color:{REJECTED};text-decoration:line-through",
@@ -34,15 +35,15 @@ def round_html(tokenizer, r: Round, number: int) -> str:
     verdict = (f"all {len(r.drafted)} kept, plus the bonus" if r.bonus and r.drafted else
                "no guess (the block is nearly full)" if not r.drafted else
                f"{r.accepted} of {len(r.drafted)} kept, then the target's own token")
-    return (f'<div style="font-family:sans-serif;margin:2px 0"><span style="display:inline-block;width:80px;'
-            f'color:#777">round {number}</span>{"".join(parts)} <span style="color:#777;font-size:13px">'
-            f"{verdict}</span></div>")
+    return (f'<div style="font-family:sans-serif;{FONT};margin:2px 0;overflow-wrap:anywhere">'
+            f'<span style="display:inline-block;min-width:5.5em;color:#777">round {number}</span>{"".join(parts)} '
+            f'<span style="color:#666;{FONT};white-space:nowrap">{verdict}</span></div>')
 
 
 def legend_html() -> str:
-    return ('<div style="font-size:13px;font-family:sans-serif;margin:4px 0">'
-            + " ".join(f'{_span(label, kind)} {kind}' for label, kind in
-                       (("字", "kept"), ("字", "rejected"), ("字", "correction"), ("字", "bonus")))
+    return (f'<div style="{FONT};font-family:sans-serif;margin:4px 0;line-height:1.8">'
+            + " ".join(f'<span style="white-space:nowrap;margin-right:10px">{_span(label, kind)} {kind}</span>'
+                       for label, kind in (("字", "kept"), ("字", "rejected"), ("字", "correction"), ("字", "bonus")))
             + "</div>")
 
 
@@ -60,20 +61,27 @@ class SpeculativeView:
 
         if not drafts:
             raise ValueError("drafts must name at least one draft, e.g. {'n-gram': NgramDraft(...)}")
+        check_setting("gamma", gamma, 1, 8, integer=True)
         self.model, self.tokenizer, self.drafts = model, tokenizer, drafts
-        self.max_new_tokens, self.start_rounds = max_new_tokens, start_rounds
-        self.prompt_box = w.Text(value=prompt, description="prompt")
-        self.draft_menu = w.Dropdown(options=list(drafts), value=next(iter(drafts)), description="draft")
-        self.gamma = w.IntSlider(value=gamma, min=1, max=8, description="γ", continuous_update=False)
-        self.step_button = w.Button(description="Round", button_style="primary", icon="forward")
-        self.reset_button = w.Button(description="Reset", icon="refresh")
-        self.output = w.HTML()
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size)
+        self.start_rounds = check_int("start_rounds", start_rounds, 0)
+        self.prompt_box = w.Text(value=prompt, description="prompt", style=control_style(font_size="16px"),
+                                 layout=in_row(340, 240, 460))
+        self.draft_menu = w.Dropdown(options=list(drafts), value=next(iter(drafts)), description="draft",
+                                     style=control_style(), layout=in_row(300, 240, 420))
+        self.gamma = slider("int", value=gamma, min=1, max=8, description="γ", continuous_update=False,
+                            layout=in_row(300, 240, 420))
+        self.gamma.refused = self.fail
+        button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
+        self.step_button = w.Button(description="Round", button_style="primary", icon="forward", **button)
+        self.reset_button = w.Button(description="Reset", icon="refresh", **button)
+        self.output = w.HTML(layout=w.Layout(width="100%"))
         self.step_button.on_click(lambda _: self.step())
         self.reset_button.on_click(lambda _: self.restart())
         for control in (self.prompt_box, self.draft_menu, self.gamma):
             control.observe(lambda _: self.restart(), names="value")
-        self.widget = w.VBox([w.HBox([self.prompt_box, self.draft_menu]),
-                              w.HBox([self.gamma, self.step_button, self.reset_button]), self.output])
+        self.widget = frame(row(self.prompt_box, self.draft_menu),
+                            row(self.gamma, row(self.step_button, self.reset_button, width="auto")), self.output)
         self.decoder: SpeculativeDecoder | None = None
         self.restart()
 
@@ -82,23 +90,32 @@ class SpeculativeView:
     def restart(self) -> None:
         try:
             ids = encode_prompt(self.tokenizer, self.prompt_box.value)
-        except UnknownCharacterError as e:
-            self.decoder = None
-            self.step_button.disabled = True
-            self.output.value = message_html(unknown_message(e))
+            self.decoder = SpeculativeDecoder(self.model, self.drafts[self.draft_menu.value], torch.tensor([ids]),
+                                              self.max_new_tokens, gamma=self.gamma.value,
+                                              banned=unk_ids(self.tokenizer))  # text for people: never <unk>
+            for _ in range(self.start_rounds):
+                if not self.decoder.done:
+                    self.decoder.round()
+        except Exception as err:  # an unknown character, a prompt too long for the block, ...
+            self.fail(error_message(err))
             return
-        self.decoder = SpeculativeDecoder(self.model, self.drafts[self.draft_menu.value], torch.tensor([ids]),
-                                          self.max_new_tokens, gamma=self.gamma.value)
-        for _ in range(self.start_rounds):
-            if not self.decoder.done:
-                self.decoder.round()
         self.refresh()
 
     def step(self) -> None:
         if self.decoder is None or self.decoder.done:
             return
-        self.decoder.round()
+        try:
+            self.decoder.round()
+        except Exception as err:
+            self.fail(error_message(err))
+            return
         self.refresh()
+
+    def fail(self, message: str) -> None:
+        """A message in place of the rounds, which no longer match the controls; Round waits for a fix."""
+        self.decoder = None
+        self.step_button.disabled = True
+        self.output.value = message_html(message)
 
     @property
     def alpha(self) -> float:
@@ -123,15 +140,18 @@ class SpeculativeView:
         new = html.escape(tok.decode(d.tokens[d.prompt_length:])).replace("\n", "⏎")
         done = f" — stopped: {d.stop_reason}; press Reset" if d.done else ""
         rounds = "".join(round_html(tok, r, i + 1) for i, r in enumerate(d.rounds)) or \
-            '<div style="color:#777">press Round to let the draft guess</div>'
-        return (f'<div style="font-family:sans-serif"><div style="font-size:20px;margin:4px 0">'
-                f'<span style="color:#777">{prompt}</span>{new}</div>'
-                f'<div style="font-size:15px;margin-bottom:4px">draft <b>{html.escape(self.draft_menu.value)}</b>, '
+            f'<div style="color:#666;{FONT}">press Round to let the draft guess</div>'
+        return (f'<div style="font-family:sans-serif;{FONT};max-width:100%;overflow-wrap:anywhere">'
+                f'<div style="font-size:20px;margin:4px 0"><span style="color:#777">{prompt}</span>{new}</div>'
+                f'<div style="{FONT};margin-bottom:4px">draft <b>{html.escape(self.draft_menu.value)}</b>, '
                 f"γ = {d.gamma}: {html.escape(self.summary())}{done}</div>{legend_html()}{rounds}</div>")
 
     def refresh(self) -> None:
-        self.step_button.disabled = self.decoder is None or self.decoder.done
-        self.output.value = self.html()
+        try:
+            self.step_button.disabled = self.decoder is None or self.decoder.done
+            self.output.value = self.html()
+        except Exception as err:
+            self.fail(error_message(err))
 
     def show(self) -> LiveWidget:
         """The live widget, carrying a static HTML copy of its current state for readers without a kernel."""

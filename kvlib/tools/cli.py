@@ -104,7 +104,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from ..decoding import generate, generate_uncached
-    from ..text import completion
+    from ..text import completion, no_unk
     from ..verify import verify_cache
 
     _check_prompt_text(args.prompt, "--prompt")
@@ -118,7 +118,7 @@ def cmd_generate(args) -> None:
     idx = torch.tensor([ids])
     gen = torch.Generator().manual_seed(args.seed)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen,
-                    eos_id=tok.eos_id)
+                    eos_id=tok.eos_id, logits_hook=no_unk(tok))  # text for people: never <unk>
     # --stream writes the text while it is generated: to stdout, or to stderr when stdout carries JSON.
     stream_to = (sys.stderr if args.json else sys.stdout) if args.stream else None
     on_token = close = None

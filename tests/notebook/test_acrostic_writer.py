@@ -55,3 +55,43 @@ def test_acrostic_writer_follows_its_controls(char):
 
 
 # --- plots used by the widgets --------------------------------------------------------------------
+
+
+def test_acrostic_writer_shows_a_failed_update_in_place_of_the_poem(char, monkeypatch):
+    model, tok = char
+    w = acrostic_writer.AcrosticWriter(model, tok, "春眠不觉")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the ink ran dry")
+
+    monkeypatch.setattr(acrostic_writer, "acrostic_view", broken)
+    w.seed.value = 9
+    assert "the ink ran dry" in w.poem.value and w.info.value == "" and w.view is None
+    monkeypatch.undo()
+    w.seed.value = 10
+    assert w.view.ok and "seed 10" in w.info.value
+
+
+def test_acrostic_writer_refuses_values_off_its_controls(char):
+    from traitlets import TraitError
+
+    model, tok = char
+    w = acrostic_writer.AcrosticWriter(model, tok, "春眠不觉", temperature=0.8)
+    with pytest.raises(TraitError, match="temperature 3.0 is off"):
+        w.temperature.value = 3.0
+    assert w.temperature.value == 0.8 and "refused" in w.poem.value and w.info.value == ""
+    with pytest.raises(TraitError):
+        w.chars_per_line.value = 6  # not one of the toggle's options
+    assert w.chars_per_line.value == 7
+
+
+def test_acrostic_writer_fits_any_width(char):
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    w = acrostic_writer.AcrosticWriter(model, tok, "春眠不觉")
+    assert_fits(w)
+    w.heads.value = "春眠不觉晓处处闻啼鸟夜来风雨声花落"
+    assert_fits(w)
+    w.heads.value = "AI"
+    assert_fits(w)

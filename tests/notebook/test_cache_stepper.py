@@ -94,3 +94,78 @@ def test_widget_ignores_step_while_the_prompt_is_bad(tiny_gpt, tok):
     ui.prompt_box.value = "猫"
     ui._step()  # a click that reaches Python although the button is disabled
     assert ui.stepper is None and "does not know 「猫」" in ui.status.value
+
+
+def test_a_new_temperature_keeps_the_steps(tiny_gpt, tok):
+    ui = StepperWidget(tiny_gpt, tok, "春风", temperature=0.8, seed=3)
+    for _ in range(8):
+        ui.step_button.click()
+    stepper, tokens, picture = ui.stepper, list(ui.stepper.tokens), ui.picture.value
+    ui.temperature.value = 1.2
+    assert ui.stepper is stepper and ui.stepper.tokens == tokens and ui.stepper.steps == 8  # nothing wiped
+    assert "next step at temperature 1.20" in ui.status.value and "step 8" in ui.status.value
+    assert "at temperature 0.80" in ui.picture.value and ui.picture.value == picture  # the last draw, as it was
+    ui.step_button.click()
+    assert ui.stepper.steps == 9 and ui.stepper.tokens[:-1] == tokens
+    assert "step 9: drew" in ui.picture.value and "at temperature 1.20" in ui.picture.value
+    ui.reset_button.click()
+    assert ui.stepper.steps == 0 and ui.stepper.temperature == 1.2  # Reset starts again with the new setting
+
+
+def test_temperature_zero_shows_what_the_explorer_shows(char):
+    """Both widgets draw the distribution with the core's ``probabilities``: one bar, 100 %, the argmax."""
+    from kvlib.notebook.sampling_explorer import SliderExplorer
+    from kvlib.text import next_token_probs
+
+    model, tok = char
+    ui = StepperWidget(model, tok, "春风", temperature=0.0)
+    ex = SliderExplorer(model, tok, prompt="春风", temperature=0.0)
+    argmax = tok.decode([int(next_token_probs(model, tok, "春风").argmax())])
+    for chart in (ui.picture.value, ex.chart.value):
+        assert chart.count("%</span>") == 1 and "100.0 %" in chart and f">{argmax}</span>" in chart
+    assert ui.stepper.view().top_probs == [1.0] and ex.view.probs[0] == 1.0
+    ui.step_button.click()
+    assert ui.stepper.tokens[-1] == tok.encode(argmax)[0] and ex.view.poem.startswith(argmax)
+    assert ui.picture.value.count("%</span>") == 1 and "100.0 %" in ui.picture.value
+
+
+def test_a_failed_step_shows_a_message_and_clears_the_picture(tiny_gpt, tok, monkeypatch):
+    ui = StepperWidget(tiny_gpt, tok, "春风")
+
+    def broken(self):
+        raise RuntimeError("the cache caught fire")
+
+    monkeypatch.setattr(CacheStepper, "step", broken)
+    ui.step_button.click()
+    assert "the cache caught fire" in ui.status.value and ui.picture.value == "" and ui.step_button.disabled
+    assert ui.stepper is None
+    monkeypatch.undo()
+    ui.reset_button.click()
+    assert ui.stepper is not None and ui.picture.value and not ui.step_button.disabled
+
+
+def test_a_temperature_off_the_slider_is_refused_and_the_steps_stay(tiny_gpt, tok):
+    from traitlets import TraitError
+
+    ui = StepperWidget(tiny_gpt, tok, "春风", temperature=0.8)
+    ui.step_button.click()
+    with pytest.raises(TraitError, match=r"temperature 2.0 is off the slider's range \[0.0, 1.5\]"):
+        ui.temperature.value = 2.0
+    assert ui.temperature.value == 0.8 and ui.stepper.temperature == 0.8 and ui.stepper.steps == 1
+    assert "refused" in ui.status.value and ui.picture.value
+    with pytest.raises(ValueError, match="temperature"):
+        StepperWidget(tiny_gpt, tok, "春风", temperature=2.0)  # never clamped to 1.5
+
+
+def test_the_stepper_fits_any_width_up_to_a_full_cache(char):
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    ui = StepperWidget(model, tok, "床前看月光，", temperature=0.8)
+    assert_fits(ui)
+    while ui.stepper.can_step:  # to a full cache: 128 slots, attention over 128 positions
+        ui.stepper.step()
+    ui._refresh()
+    assert "full" in ui.status.value
+    assert_fits(ui)
+    assert ui.picture.value.count("viewBox") == 2

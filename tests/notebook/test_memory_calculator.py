@@ -35,3 +35,27 @@ import pytest  # noqa: E402
 def test_calculator_refuses_what_it_cannot_show(make, fragment):
     with pytest.raises(ValueError, match=fragment):
         make()
+
+
+def test_calculator_refuses_a_batch_off_its_slider_and_shows_failures():
+    from traitlets import TraitError
+
+    calc = MemoryCalculator()
+    with pytest.raises(TraitError, match="batch 1000 is off the slider's range"):
+        calc.batch.value = 1000
+    assert calc.batch.value == 7 and "refused" in calc.output.value and "GB" not in calc.output.value
+    calc.batch.value = 8
+    assert "batch 8 x 1,024 tokens" in calc.output.value
+    calc.shapes["GPT-2 small"] = None  # a broken shape: the next update fails
+    calc.batch.value = 9
+    assert "could not be shown" in calc.output.value and "GB" not in calc.output.value
+
+
+def test_calculator_fits_any_width():
+    from .widget_checks import assert_fits
+
+    calc = MemoryCalculator()
+    assert_fits(calc)
+    calc.model.value = "Llama 3 8B"
+    calc.tokens.value = 131072
+    assert_fits(calc)

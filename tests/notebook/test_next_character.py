@@ -65,3 +65,42 @@ def test_prompt_box_empty_prompt_is_a_poem_start(char):
 
 
 # --- notebook 2: the slider explorer ---------------------------------------------------------
+
+
+def test_prompt_box_shows_a_failed_update_in_place_of_the_bars(char, monkeypatch):
+    model, tok = char
+    box = next_character.PromptBox(model, tok, "春风", k=8)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no model today")
+
+    monkeypatch.setattr(next_character, "next_view", broken)
+    box.k.value = 10
+    assert "no model today" in box.chart.value and "%</span>" not in box.chart.value and box.view is None
+    assert "no model today" in box.html()  # the static copy says so too
+    monkeypatch.undo()
+    box.k.value = 9
+    assert box.view.ok and box.chart.value.count("%</span>") == 9
+
+
+def test_prompt_box_refuses_a_k_off_its_slider(char):
+    from traitlets import TraitError
+
+    model, tok = char
+    box = next_character.PromptBox(model, tok, "春风", k=8)
+    with pytest.raises(TraitError, match="top k 50 is off the slider's range"):
+        box.k.value = 50
+    assert box.k.value == 8 and "refused" in box.chart.value and "%</span>" not in box.chart.value
+
+
+def test_prompt_box_fits_any_width(char):
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    box = next_character.PromptBox(model, tok, "春风", k=8)
+    assert_fits(box)
+    box.k.value = 20
+    box.prompt.value = "床前明月光，疑是地上霜。举头望明月，低头思故乡。" * 3
+    assert_fits(box)
+    box.prompt.value = "hello"
+    assert_fits(box)

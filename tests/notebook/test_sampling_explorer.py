@@ -29,7 +29,9 @@ def test_explore_first_step_is_the_next_token_distribution(char):
     values, ids = probs.topk(10)
     assert view.chars == [tok.decode([i]) for i in ids.tolist()]
     assert view.probs == pytest.approx(values.tolist(), abs=1e-5)
-    assert view.n_kept == tok.vocab_size and all(view.kept) and view.kept_mass == pytest.approx(1.0, abs=1e-4)
+    writable = tok.vocab_size - len(text.unk_ids(tok))  # <unk> is never written
+    assert view.n_kept == writable and all(view.kept) and view.kept_mass == pytest.approx(1.0, abs=1e-4)
+    assert f"{writable:,} of {tok.vocab_size:,} tokens kept" in view.kept_line() and "<unk>" in view.kept_line()
 
 
 @pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.5), (30, 0.9)])
@@ -70,7 +72,7 @@ def test_slider_explorer_updates_when_sliders_move(char):
     assert ex.view.seed == 1 and ex.view.poem != poem and ex.chart.value == chart and "seed 1" in ex.info.value
 
     ex.top_k.value = 0  # off
-    assert ex.view.top_k is None and ex.view.n_kept == tok.vocab_size and ex.chart.value != chart
+    assert ex.view.top_k is None and ex.view.n_kept == tok.vocab_size - 1 and ex.chart.value != chart
     ex.top_p.value = 0.5
     assert ex.view.top_p == 0.5 and 1 <= ex.view.n_kept < tok.vocab_size
     ex.temperature.value = 0.0
@@ -93,3 +95,66 @@ def test_measure_update_latency_reports_milliseconds(char):
 
 
 # --- notebook 3: acrostics ----------------------------------------------------------------------
+
+
+def test_the_explorer_carries_its_own_claims(char):
+    """What the notebook once printed under the widget ("eight tokens are kept") is the widget's own live line."""
+    model, tok = char
+    ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", temperature=1.0, top_k=8, seed=0)
+    assert "first step: 8 tokens kept" in ex.chart.value and "first step: 8 of" in ex.info.value
+    ex.top_k.value = 1
+    assert "first step: 1 token kept" in ex.chart.value and "first step: 1 of" in ex.info.value
+    ex.top_k.value = 0
+    n = tok.vocab_size - 1
+    assert f"first step: {n:,} tokens kept" in ex.chart.value and f"first step: {n:,} of" in ex.info.value
+
+
+def test_at_temperature_zero_one_bar_at_100_percent(char):
+    model, tok = char
+    ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", temperature=0.0, top_k=8, seed=0)
+    argmax = tok.decode([int(text.next_token_probs(model, tok, "春风").argmax())])
+    assert ex.chart.value.count("%</span>") == 1 and "100.0 %" in ex.chart.value and argmax in ex.chart.value
+
+
+def test_a_failed_update_shows_a_message_and_clears_the_rest(char, monkeypatch):
+    model, tok = char
+    ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", top_k=8)
+    assert ex.chart.value and ex.info.value
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model is out of order")
+
+    monkeypatch.setattr(sampling_explorer, "explore", broken)
+    ex.seed.value = 5
+    assert "out of order" in ex.poem.value and ex.chart.value == "" and ex.info.value == "" and ex.view is None
+    monkeypatch.undo()
+    ex.seed.value = 6
+    assert ex.view.ok and ex.chart.value and "seed 6" in ex.info.value
+
+
+def test_a_value_off_a_slider_is_refused_with_a_message(char):
+    from traitlets import TraitError
+
+    model, tok = char
+    ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", temperature=1.0)
+    with pytest.raises(TraitError, match=r"temperature 5.0 is off the slider's range \[0.0, 2.0\]"):
+        ex.temperature.value = 5.0
+    assert ex.temperature.value == 1.0  # not clamped to 2.0
+    assert "refused" in ex.poem.value and ex.chart.value == ""
+    with pytest.raises(TraitError):
+        ex.top_k.value = -3
+    assert ex.top_k.value == 0
+    ex.temperature.value = 0.5
+    assert ex.view.ok and ex.view.temperature == 0.5 and ex.chart.value
+
+
+def test_the_explorer_fits_any_width_in_every_state(char):
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", top_k=8)
+    assert_fits(ex)
+    for change in (dict(temperature=0.0), dict(top_k=0), dict(top_p=0.3), dict(prompt="ab"), dict(prompt="")):
+        for name, value in change.items():
+            getattr(ex, name).value = value
+        assert_fits(ex)

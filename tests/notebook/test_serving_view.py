@@ -43,3 +43,36 @@ def test_the_picture_has_a_legend_counters_and_the_queue(char):
     text = pool_html(view.engine, view.record)
     assert all(state in text for state in STATE_COLORS)
     assert "reserved positions" in text and "waiting:" in text and "step 3" in text
+
+
+def test_a_failed_step_shows_a_message_and_clears_the_pool(char, monkeypatch):
+    from kvlib.serving import Engine
+
+    model, tok = char
+    view = ServingView(model, requests(tok), num_blocks=16, block_size=8)
+
+    def broken(self):
+        raise RuntimeError("the pool ran dry")
+
+    monkeypatch.setattr(Engine, "step", broken)
+    view.step_button.click()
+    assert "the pool ran dry" in view.board.value and "<svg" not in view.board.value and view.step_button.disabled
+    view.step_button.click()  # reaches Python although disabled: nothing happens
+    monkeypatch.undo()
+    view.reset_button.click()
+    assert "before the first step" in view.board.value and not view.step_button.disabled
+
+
+def test_the_view_fits_any_width(char):
+    import pytest
+
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    view = ServingView(model, requests(tok), num_blocks=16, block_size=8, max_num_seqs=4)
+    assert_fits(view)
+    while not view.step_button.disabled:
+        view.step_button.click()
+        assert_fits(view)
+    with pytest.raises(ValueError, match="start_steps"):
+        ServingView(model, requests(tok), start_steps=-1)

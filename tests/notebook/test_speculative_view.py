@@ -56,3 +56,51 @@ def test_round_colours(char):
     line = round_html(tok, Round(ids, 1, ids[0]), 1)
     assert line.count("spec-kept") == 1 and line.count("spec-rejected") == 2 and "spec-correction" in line
     assert "spec-bonus" in round_html(tok, Round(ids[:2], 2, ids[2]), 2)
+
+
+def test_failures_show_in_place_and_disable_the_round_button(char, monkeypatch):
+    from kvlib.speculative import SpeculativeDecoder
+
+    model, tok = char
+    drafts = {"self": NeuralDraft(model, name="self")}
+    view = SpeculativeView(model, tok, drafts, "白日依山尽，", max_new_tokens=16, start_rounds=1)
+    view.prompt_box.value = "春" * 200  # longer than the model's block: a message, not a traceback
+    assert view.decoder is None and view.step_button.disabled and "could not be shown" in view.output.value
+    view.prompt_box.value = "春风"
+    assert view.decoder is not None and "round 1" in view.output.value
+
+    def broken(self):
+        raise RuntimeError("the draft fell asleep")
+
+    monkeypatch.setattr(SpeculativeDecoder, "round", broken)
+    view.step_button.click()
+    assert "the draft fell asleep" in view.output.value and "round 1" not in view.output.value
+    assert view.step_button.disabled and view.decoder is None
+
+
+def test_settings_off_the_controls_are_refused(char):
+    import pytest
+    from traitlets import TraitError
+
+    model, tok = char
+    drafts = {"self": NeuralDraft(model, name="self")}
+    with pytest.raises(ValueError, match=r"gamma .*\[1, 8\].*20"):
+        SpeculativeView(model, tok, drafts, gamma=20)  # never clamped to 8
+    view = SpeculativeView(model, tok, drafts, gamma=4, max_new_tokens=8, start_rounds=0)
+    with pytest.raises(TraitError, match="γ 0 is off"):
+        view.gamma.value = 0
+    assert view.gamma.value == 4 and "refused" in view.output.value and view.step_button.disabled
+
+
+def test_the_view_fits_any_width(char):
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    view = SpeculativeView(model, tok, small_drafts(model, tok), "白日依山尽，", gamma=8, max_new_tokens=48,
+                           start_rounds=0)
+    assert_fits(view)
+    while not view.step_button.disabled:
+        view.step_button.click()
+    assert_fits(view)
+    view.prompt_box.value = "猫a"
+    assert_fits(view)

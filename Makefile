@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test demo bench setup clean notebooks
+.PHONY: lab test demo bench setup clean notebooks restore
 
 setup: $(STAMP)
 
@@ -40,3 +40,7 @@ clean:
 # Re-execute every notebook in place (after retraining or a library change), then check them.
 notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/0*.ipynb
+
+# After class: the committed notebooks back (Run All and autosave rewrite their outputs).
+restore:
+	git checkout -- notebooks/

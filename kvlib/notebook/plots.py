@@ -124,7 +124,7 @@ def _tick_width(labels) -> float:
     return max((_text_width(label, rcParams["ytick.labelsize"]) for label in labels), default=0.0) + 0.15
 
 
-def _panel_widths(fig_width: float, left: list[float]) -> float:
+def _panel_width(fig_width: float, left: list[float]) -> float:
     """The width of each of ``len(left)`` equal panels side by side under constrained layout, where
     ``left[i]`` inches of tick labels (and axis label) sit left of panel i: the rest of the figure,
     less the layout's padding around every panel, shared equally."""
@@ -178,7 +178,7 @@ def bar_top_k(chars, probs, title: str | None = None, ax=None, highlight=None) -
     if ax is None:
         fig = Figure(figsize=(6, min(MAX_HEIGHT, 1.2 + 0.42 * len(chars))), layout="constrained")
         ax = fig.add_subplot()
-        width = _panel_widths(fig.get_figwidth(), [_tick_width(labels)])
+        width = _panel_width(fig.get_figwidth(), [_tick_width(labels)])
     else:
         fig = ax.figure
         width = ax.get_position().width * fig.get_figwidth()
@@ -201,7 +201,7 @@ def bar_panels(panels, title: str | None = None, panel_width: float = 4.4) -> Fi
     fig = Figure(figsize=(width, min(MAX_HEIGHT, 1.4 + 0.45 * n_bars)), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
     axes[0].set_xlim(0, max(max(pct.max(initial=0) for _, pct in bars) * 1.18, 1))  # one scale for all
-    panel = _panel_widths(width, [_tick_width([char_label(c) for c in chars]) for chars, _ in bars])
+    panel = _panel_width(width, [_tick_width([char_label(c) for c in chars]) for chars, _ in bars])
     for ax, (chars, pct), (_, _, sub, highlight) in zip(axes, bars, panels):
         _bars(ax, chars, pct, highlight)
         _set_title(ax, sub, panel)
@@ -385,7 +385,7 @@ def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
     top = max(max(cache_mb), weights_mb) * 1.05
     ax.set_ylim(0, top)
     left = _tick_width([f"{top:,.0f}"]) + 0.35  # tick labels and "MB"
-    panel = _panel_widths(fig.get_figwidth(), [left, _tick_width(names)])
+    panel = _panel_width(fig.get_figwidth(), [left, _tick_width(names)])
     _set_title(ax, f"{main.name}, {dtype},\n{main.context:,} tokens each", panel)
     ax.grid(alpha=0.3)
     # Below the panels: inside, for some models and batches, the legend would cover a line.

@@ -1,6 +1,6 @@
 """A figure checker for a projector: text that collides, leaves the figure, or is too small; figures too big.
 
-``figure_problems(fig)`` draws a matplotlib ``Figure`` on the Agg canvas and returns a list of readable
+``figure_problems(fig)`` lays out and draws a ``Figure`` with the Agg renderer and returns a list of readable
 problems (empty when the figure is fine):
 
 - two text boxes overlap (titles, suptitle, axis labels, tick labels, annotations and bar labels,

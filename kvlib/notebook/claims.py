@@ -6,7 +6,12 @@ the top 8", "two threads do not help here") is restated in the code cell that sh
     claim(rank > 8, "流 is not among the model's top 8", f"rank {rank}")
 
 It prints the claim with a tick, or fails the cell (and so nbval) with the claim quoted and the
-evidence that contradicts it, for example after a retrain or on another machine.
+evidence that contradicts it, for example after a retrain. A claim must hold on every machine.
+
+What only this machine decides (which loop was faster, whether two threads helped) is never a claim:
+:func:`measured` prints what this run saw, either way, and never stops the notebook::
+
+    measured(with_cache < without, "the prefill behind a cached prefix was faster", f"{with_cache:.1f} ms")
 """
 from __future__ import annotations
 
@@ -26,3 +31,15 @@ def claim(holds, text: str, evidence: str = "") -> None:
         raise ClaimError(f"the notebook says “{text}”, but this run disagrees"
                          + (f": {evidence}" if evidence else ""))
     print(f"✓ {text}" + (f"  ({evidence})" if evidence else ""))
+
+
+def measured(holds, text: str, evidence: str = "") -> None:
+    """Print what this machine's timings showed: ``text`` if ``holds``, else that it did not, this time.
+
+    Timings move between machines and runs, so the prose never depends on them; this line reports the
+    run's own verdict with its evidence, and a teacher's Run All goes on whichever way it fell.
+    """
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"text must be the sentence being reported, got {text!r}")
+    said = f"measured here: {text}" if bool(holds) else f"measured here, not so this time: {text}"
+    print(said + (f"  ({evidence})" if evidence else ""))

@@ -18,3 +18,15 @@ def test_a_false_claim_fails_quoting_the_sentence():
 def test_a_claim_needs_its_sentence():
     with pytest.raises(TypeError, match="sentence"):
         claim(True, "")
+
+
+def test_a_measurement_is_reported_either_way_and_never_raises(capsys):
+    from kvlib.notebook.claims import measured
+
+    measured(True, "two threads were faster", "1.2 ms against 1.9 ms")
+    measured(False, "two threads were faster", "2.4 ms against 1.9 ms")
+    assert capsys.readouterr().out.splitlines() == [
+        "measured here: two threads were faster  (1.2 ms against 1.9 ms)",
+        "measured here, not so this time: two threads were faster  (2.4 ms against 1.9 ms)"]
+    with pytest.raises(TypeError, match="sentence"):
+        measured(True, "")

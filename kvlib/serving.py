@@ -306,14 +306,6 @@ class RunResult:
         return [self.first_token[i] - self.arrival[i] for i in sorted(self.first_token)]
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) with linear interpolation, as ``numpy.percentile``."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    i = int(pos)
-    return xs[i] if i + 1 >= len(xs) else xs[i] + (xs[i + 1] - xs[i]) * (pos - i)
-
-
 def _result(name: str, requests: list[Request]) -> RunResult:
     return RunResult(name, {}, {r.id: r.arrival for r in requests}, {}, {})
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kvlib.decoding import generate
-from kvlib.serving import (Engine, Request, make_trace, parallel_sample, percentile, run_continuous,
+from kvlib.serving import (Engine, Request, make_trace, parallel_sample, run_continuous,
                            run_one_at_a_time, run_static_batching)
 from kvlib.text import encode_prompt
 
@@ -102,6 +102,8 @@ def test_parallel_samples_share_the_prompt_blocks(shipped_char):
 
 
 def test_percentile_interpolates_like_numpy():
+    from kvlib.timing import percentile
+
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 95) == 5.0
     assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)

@@ -8,20 +8,16 @@ Every time includes the prefill. Tests check the report's structure, never its t
 from __future__ import annotations
 
 import importlib.util
-import os
-import platform
-import statistics
 import sys
-import time
-from contextlib import contextmanager
 from functools import partial
 
 import torch
-import torch.utils.benchmark as benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
+from ..timing import interleaved, machine, verdict
+from ..timing import threads as thread_count
 
 BENCH_EXTRA = "pip install -e .[bench]"
 SHIPPED_SHAPE = GPTConfig(vocab_size=7497)  # tang-char: 4 layers, 4 heads, 128 channels, block 128
@@ -34,11 +30,8 @@ TARGETS = {"vs_recompute": 8.0, "vs_transformers": 4.0, "aten_calls": 60}
 
 
 def median_seconds(fn, min_run_time: float = 0.5, threads: int = 1) -> float:
-    """Median wall time of ``fn()`` after a warm-up call, by ``torch.utils.benchmark.Timer``."""
-    with _threads(threads):
-        fn()
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    """Median seconds per call of ``fn()``: :func:`kvlib.timing.interleaved` with one function, three rounds."""
+    return interleaved({"fn": fn}, 3, n_threads=threads, min_run_time=min_run_time / 3)["fn"].median
 
 
 def recompute_forward(model: GPT):
@@ -170,25 +163,8 @@ def peak_matmul_flops(threads: int = 1, n: int = 1024, min_run_time: float = 0.3
 # The benchmark
 # ---------------------------------------------------------------------------------------------
 
-@contextmanager
-def _threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "mkl": torch.backends.mkl.is_available(), "transformers": None}
+    info = {**machine(), "transformers": None}
     if transformers_available():
         import transformers
         info["transformers"] = transformers.__version__
@@ -239,28 +215,6 @@ def _loops(model: GPT, idx: torch.Tensor, hf) -> dict:
     return loops
 
 
-def _side_by_side(fns: dict, threads: int, rounds: int, max_seconds: float, on_round=None) -> dict:
-    """{name: (median seconds, runs)}, timing every ``fn`` once per round, in turn.
-
-    Interleaving the paths means a change in the machine's load hits all of them alike. Each
-    measurement is a ``torch.utils.benchmark.Timer.blocked_autorange`` of one call, which runs an
-    unmeasured warm-up call of the same path first. Rounds stop early, after three, once
-    ``max_seconds`` have passed.
-    """
-    timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-              for name, fn in fns.items()}
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    start = time.perf_counter()
-    for r in range(rounds):
-        for name, timer in timers.items():
-            times[name].extend(timer.blocked_autorange(min_run_time=1e-6).times)
-        if on_round is not None:
-            on_round()
-        if r + 1 >= 3 and time.perf_counter() - start > max_seconds:
-            break
-    return {name: (statistics.median(t), len(t)) for name, t in times.items()}
-
-
 def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None,
               idx: torch.Tensor | None = None, prompt_length: int = 16, new_tokens=NEW_TOKENS, rounds: int = 5,
               max_seconds: float = 6.0, peak_seconds: float = 0.3, peak_n: int = 1024,
@@ -295,7 +249,7 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     paths = [p for p in PATHS if p in loops]
 
     # Same tokens on every path, and ATen calls per step (the same for any thread count).
-    with _threads(1):
+    with thread_count(1):
         reference = loops["fast"](max(new_tokens))
         tokens_equal = {p: bool(torch.equal(loops[p](max(new_tokens)), reference)) for p in paths}
         calls = {p: aten_calls_per_step(loops[p]) for p in paths}
@@ -311,18 +265,21 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
             for n in new_tokens:
                 bar.set_postfix_str(f"{t} thread(s), {n} new tokens")
                 done = bar.n
-                timed = _side_by_side({p: (lambda p=p: loops[p](n)) for p in paths}, t, rounds, max_seconds,
-                                      on_round=bar.update)
+                timed = interleaved({p: (lambda p=p: loops[p](n)) for p in paths}, rounds, n_threads=t,
+                                    min_run_time=1e-6, max_seconds=max_seconds, on_round=bar.update)
                 bar.update(done + rounds - bar.n)  # rounds that stopped early still count as done
                 floor_us = decode_flops(cfg, P, n) / peaks[t] * 1e6
                 for p in paths:
-                    seconds, runs = timed[p]
-                    vs_hf = timed["transformers"][0] / seconds if "transformers" in timed else None
-                    rows.append({"threads": t, "new_tokens": n, "path": p, "median_s": seconds, "runs": runs,
+                    seconds = timed[p].median
+                    hf_t = timed.get("transformers")
+                    rows.append({"threads": t, "new_tokens": n, "path": p, "median_s": seconds,
+                                 "low_s": timed[p].low, "high_s": timed[p].high, "rounds": len(timed[p].rounds),
                                  "tokens_per_s": n / seconds, "us_per_token": seconds / n * 1e6,
                                  "floor_us_per_token": floor_us, "x_floor": seconds / n * 1e6 / floor_us,
-                                 "speedup_vs_recompute": timed["recompute"][0] / seconds,
-                                 "speedup_vs_transformers": vs_hf})
+                                 "speedup_vs_recompute": timed["recompute"].median / seconds,
+                                 "verdict_vs_recompute": verdict(timed[p], timed["recompute"]),
+                                 "speedup_vs_transformers": hf_t.median / seconds if hf_t else None,
+                                 "verdict_vs_transformers": verdict(timed[p], hf_t) if hf_t else None})
     finally:
         bar.close()
 
@@ -373,7 +330,8 @@ def format_report(report: dict) -> str:
     m, mach = report["model"], report["machine"]
     cfg = m["config"]
     lines = [
-        f"kvlib bench: greedy decoding after a {report['prompt_tokens']}-token prompt, medians (prefill included)",
+        f"kvlib bench: greedy decoding after a {report['prompt_tokens']}-token prompt (prefill included); each "
+        f"path timed in interleaved rounds: median ms and the range over the rounds; verdicts compare ranges",
         f"model: {m['note']}",
         f"       {cfg['n_layer']} layers, {cfg['n_embd']} channels, {cfg['n_head']} heads, vocab "
         f"{cfg['vocab_size']}, block {cfg['block_size']}, {m['parameters']:,} parameters",
@@ -390,15 +348,18 @@ def format_report(report: dict) -> str:
     for t in report["threads"]:
         peak = report["peak_matmul_gflops"][str(t)]
         lines += ["", f"{t} thread(s); peak fp32 matmul {peak:.0f} GFLOP/s",
-                  f"  {'path':40s} {'new':>4s} {'ms':>8s} {'tok/s':>7s} {'us/tok':>7s} {'floor':>6s} "
-                  f"{'x floor':>7s} {'vs recompute':>12s} {'vs transformers':>15s}"]
+                  f"  {'path':40s} {'new':>4s} {'ms':>8s} {'range':>13s} {'tok/s':>7s} {'us/tok':>7s} {'floor':>6s} "
+                  f"{'x floor':>7s} {'vs recompute':>25s} {'vs transformers':>25s}"]
         for n in report["new_tokens"]:
             for r in (r for r in report["rows"] if r["threads"] == t and r["new_tokens"] == n):
-                vs_hf = "" if r["speedup_vs_transformers"] is None else f"{r['speedup_vs_transformers']:.2f}x"
+                vs_hf = ("" if r["speedup_vs_transformers"] is None or r["path"] == "transformers" else
+                         f"{r['speedup_vs_transformers']:.2f}x {r['verdict_vs_transformers']}")
+                vs_re = "" if r["path"] == "recompute" else f"{r['speedup_vs_recompute']:.2f}x {r['verdict_vs_recompute']}"
+                spread = f"{r['low_s'] * 1e3:.1f}-{r['high_s'] * 1e3:.1f}"
                 lines.append(
-                    f"  {PATH_NAMES[r['path']]:40s} {n:4d} {r['median_s'] * 1e3:8.1f} {r['tokens_per_s']:7.0f} "
-                    f"{r['us_per_token']:7.0f} {r['floor_us_per_token']:6.0f} {r['x_floor']:7.1f} "
-                    f"{r['speedup_vs_recompute']:11.2f}x {vs_hf:>15s}")
+                    f"  {PATH_NAMES[r['path']]:40s} {n:4d} {r['median_s'] * 1e3:8.1f} {spread:>13s} "
+                    f"{r['tokens_per_s']:7.0f} {r['us_per_token']:7.0f} {r['floor_us_per_token']:6.0f} "
+                    f"{r['x_floor']:7.1f} {vs_re:>25s} {vs_hf:>25s}")
             if missing:
                 lines.append(f"  {PATH_NAMES['transformers']:40s} {n:4d}  {missing}")
     lines += ["", f"ATen calls per decode step ({report['aten_mode']}):"]
@@ -407,17 +368,17 @@ def format_report(report: dict) -> str:
         lines.append(f"  {PATH_NAMES[p]:40s} {c:6.1f}   {same}")
     tg = report.get("targets")
     if tg:
-        def verdict(x):
+        def met_word(x):
             return "n/a" if x["met"] is None else ("met" if x["met"] else "NOT met")
         lines += ["", f"the project's targets for the fast path on this machine class ({tg['threads']} thread, "
                       f"{tg['new_tokens']} new tokens), as measured in this run:",
                   f"  vs the recompute loop  {tg['vs_recompute']['value']:6.2f}x   target >= "
-                  f"{tg['vs_recompute']['goal']:g}x   {verdict(tg['vs_recompute'])}",
+                  f"{tg['vs_recompute']['goal']:g}x   {met_word(tg['vs_recompute'])}",
                   "  vs transformers        "
                   + ("not measured" if tg["vs_transformers"]["value"] is None else
                      f"{tg['vs_transformers']['value']:6.2f}x   target >= {tg['vs_transformers']['goal']:g}x")
-                  + f"   {verdict(tg['vs_transformers'])}",
+                  + f"   {met_word(tg['vs_transformers'])}",
                   f"  ATen calls per step    {tg['aten_calls']['value']:6.0f}    target <= {tg['aten_calls']['goal']}"
-                  f"    {verdict(tg['aten_calls'])}",
+                  f"    {met_word(tg['aten_calls'])}",
                   "  (ratios of loops timed side by side; a busy or different machine can miss a target by noise)"]
     return "\n".join(lines)

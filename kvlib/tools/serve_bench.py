@@ -10,15 +10,15 @@ move from run to run.
 """
 from __future__ import annotations
 
-import platform
 import time
 
 import torch
 
 from ..model import GPT
 from ..paged import BLOCK_SIZE, PagedKVCache
-from ..serving import (RunResult, make_trace, percentile, run_continuous, run_one_at_a_time,
+from ..serving import (RunResult, make_trace, run_continuous, run_one_at_a_time,
                        run_static_batching)
+from ..timing import machine, percentile, threads
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
 
@@ -78,13 +78,9 @@ def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int 
                     seed: int = 0, batch_size: int = 8, max_num_seqs: int = 32, max_new_tokens: int = 64,
                     repeats: int = 3, runs: dict | None = None) -> dict:
     """The side-by-side report (JSON-able), on one thread. ``runs`` may pass results already computed on this trace."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # fastest at this size, and a busy second core makes every step wait
-    try:
+    with threads(1):  # fastest at this size, and a busy second core makes every step wait
         return _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens,
                        repeats, runs)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def fastest_runs(ways: dict, repeats: int) -> dict[str, RunResult]:
@@ -138,7 +134,7 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
                      "kv_positions": num_blocks * BLOCK_SIZE, "max_num_seqs": max_num_seqs, "repeats": repeats},
         "memory_share_bound": {b: expected_share(trace, b) for b in (BLOCK_SIZE, SMALL_BLOCK)},
         "runs": summary, "same_tokens": same, "decode_step": step, "targets": targets,
-        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "processor": platform.machine()},
+        "machine": machine(),
     }
 
 

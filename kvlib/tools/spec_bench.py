@@ -25,6 +25,8 @@ from ..fast import FastDecoder
 from ..model import GPT
 from ..speculative import Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate
 from ..text import encode_prompt
+from ..timing import machine
+from ..timing import threads as thread_count
 from .bench import to_transformers, transformers_available
 
 GAMMAS = tuple(range(1, 9))
@@ -216,12 +218,8 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
     shared machine the slower rounds include waiting for a core). Runs with ``threads`` threads (1 is
     fastest at this size; a second thread waiting for a busy core slows every step), restored after.
     """
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with thread_count(threads):
         return _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress) -> dict:
@@ -289,7 +287,7 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
             hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total))
 
     return {
-        "machine": _machine_info(),
+        "machine": machine(),
         "model": {"n_layer": model.config.n_layer, "parameters": model.num_params()},
         "drafts": {name: _describe(d) for name, d in drafts.items()},
         "prompts": [tokenizer.decode(p[0, 1:].tolist()) for p in prompts],
@@ -312,14 +310,6 @@ def _describe(d: Draft) -> dict:
     if isinstance(d, NgramDraft):
         return {"kind": "n-gram", "lookup": d.lookup, "trigram_contexts": len(d.trigram), "bigram_contexts": len(d.bigram)}
     return {"kind": type(d).__name__}
-
-
-def _machine_info() -> dict:
-    import os
-    import platform
-
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
 
 
 def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total) -> dict:

@@ -74,12 +74,13 @@ def test_report_has_a_row_per_thread_count_length_and_path(report):
     assert [(r["threads"], r["new_tokens"], r["path"]) for r in report["rows"]] == [
         (1, n, p) for n in (2, 3) for p in ("fast", "model", "recompute")]
     for r in report["rows"]:
-        assert r["median_s"] > 0 and r["runs"] >= 1
+        assert 0 < r["low_s"] <= r["median_s"] <= r["high_s"] and r["rounds"] >= 1
+        assert r["verdict_vs_recompute"] in ("faster", "slower", "within noise")
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["median_s"])
         assert r["x_floor"] == pytest.approx(r["us_per_token"] / r["floor_us_per_token"])
         assert r["speedup_vs_transformers"] is None
     recompute = [r for r in report["rows"] if r["path"] == "recompute"]
-    assert all(r["speedup_vs_recompute"] == 1.0 for r in recompute)
+    assert all(r["speedup_vs_recompute"] == 1.0 and r["verdict_vs_recompute"] == "within noise" for r in recompute)
 
 
 def test_report_says_how_to_install_transformers_when_it_is_missing(report, monkeypatch):

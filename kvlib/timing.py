@@ -1,0 +1,129 @@
+"""Timing that teaches the same lesson on any machine: interleaved rounds, medians with their spread.
+
+A single measurement says little on a shared laptop: another program, a frequency change or a cold
+cache moves it. So every timing in kvlib (the benchmarks and the notebooks' timing cells) is taken
+the same way: each function gets one warm-up call, then the functions take turns, round after
+round (A B C, A B C, ...), so that a change in the machine's load hits all of them alike. Each
+round's figure is the median of a ``torch.utils.benchmark`` autorange; a :class:`Timing` keeps one
+figure per round and reports their median and their range. Two timings are compared by
+:func:`verdict`: "faster" or "slower" only when their ranges do not overlap, else "within noise".
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch.utils import benchmark
+
+VERDICTS = ("faster", "slower", "within noise")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of one function: one figure per round."""
+
+    name: str
+    rounds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def low(self) -> float:
+        return min(self.rounds)
+
+    @property
+    def high(self) -> float:
+        return max(self.rounds)
+
+    def describe(self, unit: str = "ms", per: int = 1) -> str:
+        """E.g. ``"12.3 ms (11.9-13.0 over 5 rounds)"``; ``per`` divides by a count (ms per token)."""
+        scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit] / per
+        return (f"{self.median * scale:,.1f} {unit} ({self.low * scale:,.1f}-{self.high * scale:,.1f} "
+                f"over {len(self.rounds)} rounds)")
+
+
+def verdict(a: Timing, b: Timing) -> str:
+    """"faster" if every round of ``a`` beat every round of ``b``, "slower" if the reverse, else "within noise"."""
+    if a.high < b.low:
+        return "faster"
+    if a.low > b.high:
+        return "slower"
+    return "within noise"
+
+
+def compare(a: Timing, b: Timing, unit: str = "ms", per: int = 1) -> str:
+    """One line: ``a`` against ``b`` with both spreads, the ratio of medians and the verdict."""
+    return (f"{a.name}: {a.describe(unit, per)} against {b.name}: {b.describe(unit, per)}; "
+            f"ratio of medians {b.median / a.median:.2f}x: {a.name} is {verdict(a, b)}")
+
+
+@contextmanager
+def threads(n: int):
+    """Run the block with ``n`` intra-op threads, restoring the count afterwards."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be an int >= 1, got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time: float = 0.05,
+                max_seconds: float | None = None, on_round=None) -> dict[str, Timing]:
+    """Time each of ``fns`` (name -> zero-argument callable) in turns, ``rounds`` times.
+
+    Every function is called once, unmeasured, before the first round. ``max_seconds`` stops early
+    (after at least three rounds) once that much time has passed; ``on_round()`` is called after each.
+    """
+    if not fns:
+        raise ValueError("interleaved needs at least one function to time")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    figures: dict[str, list[float]] = {name: [] for name in fns}
+    with threads(n_threads):
+        for fn in fns.values():
+            fn()
+        timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=n_threads)
+                  for name, fn in fns.items()}
+        start = time.perf_counter()
+        for r in range(rounds):
+            for name, timer in timers.items():
+                figures[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+            if on_round is not None:
+                on_round()
+            if max_seconds is not None and r + 1 >= 3 and time.perf_counter() - start > max_seconds:
+                break
+    return {name: Timing(name, tuple(f)) for name, f in figures.items()}
+
+
+def percentile(values, q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, linear between the closest ranks."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def machine() -> dict:
+    """What the timings ran on: processor, cores, Python, PyTorch and its threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "mkl": torch.backends.mkl.is_available(), "threads": torch.get_num_threads()}

@@ -1,0 +1,51 @@
+"""One way to measure: interleaved rounds, medians with their range, verdicts that respect the noise."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib.timing import Timing, compare, interleaved, machine, percentile, threads, verdict
+
+
+def test_interleaved_times_every_function_once_per_round_after_a_warm_up():
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    out = interleaved(fns, rounds=4, min_run_time=1e-6)
+    assert set(out) == {"a", "b"} and all(len(t.rounds) == 4 for t in out.values())
+    assert calls[:2] == ["a", "b"]  # the warm-up, before any round
+    assert all(t.low <= t.median <= t.high for t in out.values())
+
+
+def test_interleaved_restores_the_thread_count_and_refuses_nonsense():
+    before = torch.get_num_threads()
+    interleaved({"x": lambda: None}, rounds=1, n_threads=2, min_run_time=1e-6)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved({"x": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="at least one"):
+        interleaved({})
+    with pytest.raises(ValueError, match="threads"):
+        with threads(0):
+            pass
+
+
+def test_a_verdict_needs_ranges_that_do_not_overlap():
+    fast, slow = Timing("fast", (1.0, 1.1, 1.2)), Timing("slow", (2.0, 2.1, 2.5))
+    noisy = Timing("noisy", (1.15, 1.9, 3.0))
+    assert (verdict(fast, slow), verdict(slow, fast)) == ("faster", "slower")
+    assert verdict(fast, noisy) == verdict(noisy, slow) == "within noise"
+    line = compare(fast, slow)
+    assert "1,100.0 ms (1,000.0-1,200.0 over 3 rounds)" in line and "1.91x" in line and line.endswith("faster")
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([3, 1, 2, 4], 50) == 2.5
+    assert percentile([5], 95) == 5
+    assert percentile(range(101), 95) == 95
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_machine_names_what_the_timings_ran_on():
+    info = machine()
+    assert info["cpus"] >= 1 and info["torch"] == torch.__version__ and info["threads"] >= 1

@@ -35,10 +35,11 @@ from pathlib import Path
 
 import pytest
 
+from kvlib.notebook import catalog
 from kvlib.tools import lab as lab_setup
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = [nb.path for nb in catalog.NOTEBOOKS]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "kvlib-browser-test"
@@ -48,16 +49,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 RUN_TIMEOUT_S = 300  # per notebook: a guard only; each runs in under a minute under nbval on an idle machine
 CURRENT = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on show
 
-# Text that must appear in each notebook's outputs once all cells ran (besides the last cell's RNG check).
-KNOWN_OUTPUT = {
-    "01": "56,799 poems in the corpus",
-    "02": "p = 0.45: keeps [0]",
-    "03": "punctuation at positions: [8, 16, 24, 32]",
-    "04": "equals 524,288: True",
-    "05": "524,288",
-    "06": "stream equals decode: True",
-}
-RNG_LINE = "global RNG untouched: True"
+RNG_LINE = catalog.RNG_LINE
 SIZES = {"1920x1080": (1920, 1080), "1280x720": (1280, 720)}
 REPEATS = 7  # key presses or clicks per latency measurement
 LATENCY: dict[str, list[float]] = {}  # what was measured -> milliseconds, printed at the end
@@ -71,7 +63,7 @@ def _missing() -> str | None:
     except ImportError:
         return "the playwright package is not installed (pip install -e .[test])"
     if not NOTEBOOKS:
-        return "no notebooks/0[1-6]_*.ipynb to open"
+        return "the notebook catalog is empty"
     return None
 
 
@@ -278,7 +270,7 @@ def check_notebook_ran(lab: Lab, page, name: str) -> str:
     assert not errors, f"{name}: error outputs {errors}"
     counts = [c["execution_count"] for c in code]
     assert counts == sorted(counts), f"{name}: cells ran out of order {counts}"
-    known = KNOWN_OUTPUT.get(name[:2], RNG_LINE)
+    known = catalog.by_file(name).known_output
     assert known in text, f"{name}: expected output {known!r} not shown"
     assert RNG_LINE in text, f"{name}: the last cell does not report the global RNG untouched"
     return text
@@ -573,10 +565,10 @@ def saved_widgets_show(page, name: str) -> None:
     assert "Error displaying widget" not in text, f"{name}: widgets before Run All: {text[:300]!r}"
 
 
-INTERACT = {"01": notebook_01, "02": notebook_02,
-            "04": lambda page, name: step_widget(page, name, "Step -> cache picture"),
-            "07": lambda page, name: step_widget(page, name, "engine Step -> block pool", 4),
-            "08": lambda page, name: step_widget(page, name, "speculative Round -> tokens", 4, "Round")}
+INTERACT = {"prompt box": notebook_01, "temperature slider": notebook_02,
+            "cache step": lambda page, name: step_widget(page, name, "Step -> cache picture"),
+            "engine step": lambda page, name: step_widget(page, name, "engine Step -> block pool", 4),
+            "speculative round": lambda page, name: step_widget(page, name, "speculative Round -> tokens", 4, "Round")}
 
 
 @pytest.mark.parametrize("notebook", [nb.name for nb in NOTEBOOKS] or ["(none)"])
@@ -589,8 +581,9 @@ def test_notebook_runs_in_jupyterlab(lab, browser, notebook):
         check_notebook_ran(lab, page, notebook)
         screenshots(page, notebook)
         present(page, notebook)
-        if notebook[:2] in INTERACT:  # the widgets answer in the presenting view
-            INTERACT[notebook[:2]](page, notebook)
+        interaction = catalog.by_file(notebook).interaction
+        if interaction:  # the widgets answer in the presenting view
+            INTERACT[interaction](page, notebook)
         stop_presenting(page)
         if page.locator(f"{CURRENT} .jp-OutputArea-output > .jupyter-widgets").count():
             widgets_fit(page, notebook)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,19 @@ def test_the_readme_library_map_names_every_module():
     missing = [p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py")
                if p.name != "__init__.py" and p.relative_to(PACKAGE).as_posix() not in readme]
     assert not missing, f"README's library map lacks: {missing}"
+
+
+def test_the_notebook_catalog_lists_exactly_the_notebooks_and_the_docs_name_each():
+    from kvlib.notebook import catalog
+
+    on_disk = sorted(p.name for p in catalog.FOLDER.glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(nb.file for nb in catalog.NOTEBOOKS) == on_disk
+    assert [nb.number for nb in catalog.NOTEBOOKS] == list(range(1, len(catalog.NOTEBOOKS) + 1))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    guide = (ROOT / "notebooks" / "TEACHING.md").read_text(encoding="utf-8")
+    for nb in catalog.NOTEBOOKS:
+        cells = json.loads(nb.path.read_text(encoding="utf-8"))["cells"]
+        heading = "".join(cells[0]["source"]).splitlines()[0]
+        assert heading == f"# {nb.number}. {nb.title}", f"{nb.file} starts with {heading!r}"
+        assert f"`{nb.file}`" in readme, f"README's notebook table lacks {nb.file}"
+        assert f"`{nb.file[:2]}`" in guide or nb.file in guide, f"TEACHING.md does not place {nb.file}"

@@ -141,7 +141,8 @@ def test_notebooks_start_with_setup_and_check_the_rng_at_the_end(notebook):
 def test_setup_is_the_one_copy_of_the_set_up():
     """No notebook repeats what setup() does (fork_rng around loading, thread counts, RNG bookkeeping)."""
     for notebook in NOTEBOOKS:
-        first = "".join(json.loads(notebook.read_text(encoding="utf-8"))["cells"][2]["source"])
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
         assert "fork_rng" not in first, f"{notebook.name}: load_pretrained already keeps the global RNG"
 
 

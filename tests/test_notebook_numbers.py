@@ -13,27 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from kvlib.notebook import catalog
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = [nb.path for nb in catalog.NOTEBOOKS]
 
 UNIT = r"(?:%|×|x\b|ms\b|µs\b|us\b|s\b|seconds?\b|nats?\b|bytes?\b|[KMG]i?B\b)"
 NUMBER = re.compile(r"(?<![\w.,/-])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?" + UNIT)
 
-# Numbers that no run produces: facts of the model and its shape, settings, and figures quoted from
-# the two lessons or from papers (each said to be theirs where the prose uses it). Per notebook, or "*".
-DECLARED: dict[str, set[str]] = {
-    "*": {"100", "50"},            # "100 %", "50 %": whole and half, as words
-    "01": {"14.2", "13.9"},        # Tang-poem lesson: after 春风 its model gave 。 14.2 %, its count 13.9 % (111 of 797)
-    "07": {"20", "38", "96"},      # vLLM paper (Kwon et al. 2023): 20-38 % of reserved KV memory used, vLLM 96 %
-    # PyTorch lesson: its cache is 15 % of its 3.5 MB of float32 weights; smallest margin 0.019, ~1,300x the rounding
-    "04": {"15", "3.5", "0.019", "1,300"},
-    # Tang-poem lesson: 1.8 / 2.0 / 2.6x at 32 / 64 / 120 characters; "several hundred KB to over 1 MB per
-    # token"; PyTorch lesson: 172 ATen calls per step, its 57x cut in token-forwards became about 4x in time.
-    # 98,304: the arithmetic of self-check answer 5 (2 x 24 x 8 x 128 x 2 bytes).
-    "05": {"1.8", "2.0", "2.6", "1", "172", "57", "4", "98,304"},
-    "06": {"1.38"},                # PyTorch lesson: a 1.38-nat error from arange positions in its padded row
-    "08": {"3", "1.3"},            # papers (Leviathan et al. 2023, Chen et al. 2023): 2-3x on large models; the 1.3x goal
-}
+# Numbers that no run produces (facts, settings, figures quoted from the lessons or papers): per notebook
+# in the catalog, and a few everywhere.
+DECLARED = {f"{nb.number:02d}": set(nb.declared) for nb in catalog.NOTEBOOKS} | {"*": set(catalog.DECLARED_EVERYWHERE)}
 
 
 def markdown_numbers(source: str) -> list[str]:

@@ -518,7 +518,7 @@ def widgets_fit(page, name: str) -> None:
     page.set_viewport_size({"width": 1920, "height": 1080})
 
 
-GLYPHS = """async ([chars, family]) => {
+GLYPHS = r"""async ([chars, family]) => {
     await document.fonts.load(`32px ${family}`, chars.join(''));
     await document.fonts.ready;
     const c = document.createElement('canvas');

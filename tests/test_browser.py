@@ -468,7 +468,9 @@ def command(page, menu: str, *items: str) -> None:
 
 
 def go_to_first_cell(page) -> None:
-    """Esc, Shift+Home, Esc: the first cell active and on screen (TEACHING.md gives these keys)."""
+    """A click in the notebook's left margin, then Esc, Shift+Home, Esc: the first cell active and on screen
+    (TEACHING.md gives these steps)."""
+    page.locator(f"{CURRENT} .jp-Notebook").click(position={"x": 5, "y": 5})
     for key in ("Escape", "Shift+Home", "Escape"):
         page.keyboard.press(key)
     time.sleep(0.5)

@@ -15,6 +15,7 @@ from ..tokenizer import UnknownCharacterError
 ROW = 20          # px per layer (cache) and per head (attention)
 LABEL_W = 64      # px for the row labels ("layer 0", "L0 h0")
 DRAW_W = 560      # px at most for the cells of a row: with the labels, a picture is at most 632 px wide
+PICTURE_W = LABEL_W + DRAW_W + 8   # 632 px: the pictures' natural width, their column's flex basis
 FONT_PX = 16      # the pictures' text: legible on a projector (12 pt), never smaller
 MAX_LABELS = 40   # above this many positions the attention columns are numbered, not labelled
 TEMPERATURE_RANGE = (0.0, 1.5)
@@ -112,8 +113,9 @@ def settings_text(settings) -> str:
 def view_html(view: StepView) -> str:
     """The three panels: the distribution the token came from, the cache's slots, the attention per head.
 
-    Side by side where they fit, the bars above the pictures where they do not; the pictures shrink
-    with their column below about 630 px.
+    Side by side where they fit, the bars above the pictures where they do not. The pictures' column
+    asks for their full width (``PICTURE_W``) before it shares a line with the bars, so that their
+    16 px text is drawn at 16 px; only a column narrower than that shrinks them.
     """
     highlight = [] if view.chosen_label is None else [view.chosen_label]
     drawn_with = settings_text(view.settings)
@@ -128,7 +130,7 @@ def view_html(view: StepView) -> str:
                            f"positions, one row per head") + attention_svg(view))
     return (f'<div style="display:flex;flex-wrap:wrap;gap:8px 24px;align-items:flex-start;{FONT}">'
             f'<div style="flex:1 1 260px;min-width:0;max-width:380px">{bars}</div>'
-            f'<div style="flex:1 1 420px;min-width:0;max-width:640px">{pictures}</div></div>')
+            f'<div style="flex:1 1 {PICTURE_W}px;min-width:0;max-width:{PICTURE_W}px">{pictures}</div></div>')
 
 
 # ---- the widget -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ STATE_COLORS = {
     "cached, free": "#d9d9d9",   # free, but still holding a full block a later prompt may hit
     "free": "#f6f6f6",
 }
-COLUMNS, CELL_W, CELL_H = 8, 76, 46  # the grid is 608 px wide where there is room, and shrinks where there is not
+COLUMNS, CELL_W, CELL_H = 8, 72, 46  # the grid is 576 px wide where there is room, and shrinks where there is not
 
 
 class StepClock:
@@ -74,10 +74,14 @@ def pool_html(engine: Engine, record: StepRecord | None = None) -> str:
         x, y = (i % COLUMNS) * CELL_W, (i // COLUMNS) * CELL_H
         parts.append(f'<rect x="{x}" y="{y}" width="{CELL_W - 3}" height="{CELL_H - 3}" fill="{STATE_COLORS[state]}" '
                      f'stroke="#bbb"/>')
-        parts.append(f'<text x="{x + 4}" y="{y + 16}" font-size="16" fill="#666">{i}</text>')
-        if label:
-            parts.append(f'<text x="{x + CELL_W / 2 - 1}" y="{y + 37}" font-size="16" text-anchor="middle" '
-                         f'fill="#222">{html.escape(label)}</text>')
+        parts.append(f'<text x="{x + 4}" y="{y + 17}" font-size="16" fill="#666">{i}</text>')
+        owner, _, filled = label.partition(" ") if label.startswith("r") else ("", "", label)
+        if owner:  # the request, top right; how full the block is, below
+            parts.append(f'<text x="{x + CELL_W - 7}" y="{y + 17}" font-size="16" text-anchor="end" '
+                         f'fill="#222">{html.escape(owner)}</text>')
+        if filled:
+            parts.append(f'<text x="{x + CELL_W / 2 - 1}" y="{y + 38}" font-size="16" text-anchor="middle" '
+                         f'fill="#222">{html.escape(filled)}</text>')
     width, height = COLUMNS * CELL_W, rows * CELL_H
     svg = (f'<svg viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="xMinYMin meet" '
            f'style="display:block;max-width:{width}px;height:auto;font-family:sans-serif" '

@@ -36,6 +36,8 @@ WIDGET_CSS = (
     f".widget-toggle-button,input,select,option,textarea){{font-size:{_SIZE}}}"
     f".{WIDGET_CLASS} :is(.widget-readout,.jupyter-widget-readout){{min-width:3.5em;overflow:visible}}"
     f".{WIDGET_CLASS} :is(.widget-html-content,.jupyter-widget-html-content){{line-height:1.5}}"
+    # a part as wide as its column must not add ipywidgets' side margins on top of that width
+    f'.{WIDGET_CLASS} [style*="width: 100%"]{{margin-left:0;margin-right:0}}'
 )
 LABEL_WIDTH = "7.5em"     # a control's description: "temperature", "top-k (0 off)" at 16 px
 
@@ -174,19 +176,20 @@ def _strict(base):
     """``base`` (IntSlider, FloatSlider) refusing a value off its range instead of clamping it."""
     from traitlets import TraitError, validate
 
+    def refuse_off_range(self, proposal):
+        value = proposal["value"]
+        if not self.min <= value <= self.max:
+            message = (f"{self.description or 'the value'} {value} is off the slider's range "
+                       f"[{self.min}, {self.max}]: refused, the slider stays at {self.value}")
+            if self.refused is not None:
+                self.refused(message)
+            raise TraitError(message)
+        return value
+
     class Strict(base):
         refused = None  # set by the widget: called with a message when a value is refused
-
-        @validate("value")
-        def _validate_value(self, proposal):
-            value = proposal["value"]
-            if not self.min <= value <= self.max:
-                message = (f"{self.description or 'the value'} {value} is off the slider's range "
-                           f"[{self.min}, {self.max}]: refused, the slider stays at {self.value}")
-                if self.refused is not None:
-                    self.refused(message)
-                raise TraitError(message)
-            return value
+        # under the name of ipywidgets' own validator, which clamps: so this one replaces it
+        _validate_value = validate("value")(refuse_off_range)
 
     Strict.__name__ = Strict.__qualname__ = f"Strict{base.__name__}"
     return Strict

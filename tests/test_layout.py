@@ -140,3 +140,12 @@ def test_the_notebook_catalog_lists_exactly_the_notebooks_and_the_docs_name_each
         assert heading == f"# {nb.number}. {nb.title}", f"{nb.file} starts with {heading!r}"
         assert f"`{nb.file}`" in readme, f"README's notebook table lacks {nb.file}"
         assert f"`{nb.file[:2]}`" in guide or nb.file in guide, f"TEACHING.md does not place {nb.file}"
+
+
+def test_every_notebook_links_the_glossary_from_its_first_cell():
+    from kvlib.notebook import catalog
+
+    assert (catalog.FOLDER / "GLOSSARY.md").is_file()
+    for nb in catalog.NOTEBOOKS:
+        first = "".join(json.loads(nb.path.read_text(encoding="utf-8"))["cells"][0]["source"])
+        assert "(GLOSSARY.md)" in first, f"{nb.file}: its first cell does not link the glossary"

@@ -10,7 +10,7 @@ from .checks import ContextLimitError
 from .constraints import acrostic, quatrain
 from .decoding import GenerationResult, generate, generate_uncached, pad_prompts, position_ids_from_mask
 from .fast import FastDecoder
-from .model import GPT, GPTConfig, GrowingKVCache, KVCache
+from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
 from .paged import BlockPool, PagedKVCache, verify_paged
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
 from .serving import Engine, Request, make_trace
@@ -22,7 +22,7 @@ from .verify import CacheReport, check_batch_consistency, verify_cache
 
 __all__ = [
     "load_pretrained",
-    "GPT", "GPTConfig", "KVCache", "GrowingKVCache", "FastDecoder",
+    "GPT", "GPTConfig", "Cache", "KVCache", "GrowingKVCache", "FastDecoder",
     "CharTokenizer", "ByteBPETokenizer", "TextStream", "stream_decode", "UnknownCharacterError",
     "apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next",
     "generate", "generate_uncached", "GenerationResult", "pad_prompts", "position_ids_from_mask",

@@ -296,7 +296,7 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
     for name, t in (("key_mask", key_mask), ("position_ids", position_ids), ("targets", targets)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-    if cache is not None and getattr(cache, "batch_size", B) != B:
+    if cache is not None and cache.batch_size != B:
         raise ValueError(f"the cache holds {cache.batch_size} sequence(s) but idx has {B} row(s)")
     start = cache.length if cache is not None else 0
     S = start + T

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import ContextLimitError
-from .model import GPT
+from .model import GPT, KVCache
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "StepWeights", "step_weights"]
 
@@ -125,7 +125,7 @@ def step_weights(model: GPT) -> StepWeights:
 class FastDecoder:
     """A decoder with its own cache: ``dec(idx, key_mask=None, position_ids=None) -> (B, V)``.
 
-    The same contract as ``generate.CachedDecoder``: ``idx`` (B, T) holds the new tokens, their keys
+    The same contract as ``decoding.CachedDecoder``: ``idx`` (B, T) holds the new tokens, their keys
     and values are appended to the cache, and the logits of the last position come back.
     ``key_mask`` (B, cached + T) marks real keys (True) and left padding; ``position_ids`` (B, T)
     overrides the positions, which otherwise continue from ``cache.length``.
@@ -140,16 +140,15 @@ class FastDecoder:
     @torch.inference_mode()
     def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
         cfg = model.config
-        cache = model.new_cache(batch_size, max_len)  # checks batch_size and max_len
+        probe = KVCache(cfg, batch_size, max_len, device="meta")  # checks batch_size and max_len, allocates nothing
         B = batch_size
         weight = model.transformer.wte.weight
         like = dict(device=weight.device, dtype=weight.dtype)
-        self.model, self.config, self.batch_size, self.max_len = model, cfg, B, cache.max_len
+        self.model, self.config, self.batch_size, self.max_len = model, cfg, B, probe.max_len
 
-        # Keys and values in one (2, L, B, H, max_len, D) buffer; the KVCache holds its two halves.
-        self.kv = torch.zeros((2,) + tuple(cache.k.shape), **like)
-        cache.k, cache.v = self.kv[0], self.kv[1]
-        self.cache = cache
+        # Keys and values in one (2, L, B, H, max_len, D) buffer; the KVCache is built around its two halves.
+        self.kv = torch.zeros((2,) + tuple(probe.k.shape), **like)
+        self.cache = KVCache(cfg, B, self.max_len, buffers=(self.kv[0], self.kv[1]))
         self._kv = self.kv.unbind(1)                                 # per layer: (2, B, H, max_len, D)
 
         w = step_weights(model)

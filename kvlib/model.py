@@ -8,6 +8,7 @@ Input checks live in :mod:`kvlib.checks`, so that what is left here is the arith
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,16 +37,49 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
+@runtime_checkable
+class Cache(Protocol):
+    """What ``GPT.forward`` needs from a cache: every cache in kvlib implements it.
+
+    ``length`` positions are stored for each of ``batch_size`` sequences, room for ``max_len``.
+    In a forward pass each layer calls ``write(layer, k, v)`` with the new chunk (B, H, T, D) and gets
+    back the keys and values of all ``length + T`` positions; after the last layer the model calls
+    ``advance(T)`` once. ``truncate(n)`` keeps the first ``n`` positions (a roll-back: speculative
+    decoding drops rejected guesses this way); nothing outside a cache assigns its ``length``.
+    """
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def max_len(self) -> int: ...
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, n: int) -> None: ...
+
+    def truncate(self, n: int) -> None: ...
+
+
+def check_truncate(cache, n) -> int:
+    """``n`` for ``cache.truncate(n)``: an int in [0, cache.length]."""
+    return check_int("n", n, 0, cache.length, f"an int in [0, length={cache.length}] (positions to keep)")
+
+
 class KVCache:
     """Preallocated keys and values for every layer: ``k``, ``v`` are (L, B, H, max_len, D).
 
     ``length`` counts the positions already written. Each layer writes the new chunk at
     ``[length : length + T]`` and reads ``[: length + T]``; the model advances ``length`` once,
-    after its last layer.
+    after its last layer. ``buffers=(k, v)`` builds the cache around given tensors of that shape
+    (the fast decoder keeps both halves in one tensor).
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
-                 device=None, dtype=None):
+                 device=None, dtype=None, *, buffers: tuple[torch.Tensor, torch.Tensor] | None = None):
         check_config(config, GPTConfig)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r}")
@@ -53,8 +87,12 @@ class KVCache:
         max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
                             f"an int in [1, block_size={config.block_size}]")
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        if buffers is None:
+            buffers = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        elif not (isinstance(buffers, tuple) and len(buffers) == 2
+                  and all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape for t in buffers)):
+            raise ValueError(f"buffers must be a tuple (k, v) of two tensors of shape {shape}")
+        self.k, self.v = buffers
         self.length = 0
 
     @property
@@ -87,11 +125,15 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions; the later slots are overwritten by the next writes."""
+        self.length = check_truncate(self, n)
+
 
 class GrowingKVCache:
     """Keys and values kept as one growing tensor per layer, extended with ``torch.cat`` each step.
 
-    It offers what the model reads from a cache (``length``, ``max_len``, ``write``, ``advance``), so
+    It implements :class:`Cache` (``length``, ``max_len``, ``write``, ``advance``, ``truncate``), so
     ``model(idx, cache=GrowingKVCache(config))`` runs the real model. Every ``torch.cat`` copies all
     the keys so far into a new tensor: ``bytes_copied`` counts that traffic, which grows with the
     square of the length, while the static cache writes each position once.
@@ -99,7 +141,7 @@ class GrowingKVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int = 1, max_len: int | None = None):
         check_config(config, GPTConfig)
-        check_int("batch_size", batch_size, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
         self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
                                  config.block_size)
         self.n_layer = config.n_layer
@@ -122,6 +164,14 @@ class GrowingKVCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions: each layer's tensors are cut to ``n`` (a view, no copy)."""
+        n = check_truncate(self, n)
+        for layer in range(self.n_layer):
+            if self.k[layer] is not None:
+                self.k[layer], self.v[layer] = self.k[layer][:, :, :n], self.v[layer][:, :, :n]
+        self.length = n
 
     @property
     def nbytes(self) -> int:

@@ -189,11 +189,26 @@ class PagedKVCache:
         for bid in self.tables.pop(sid).blocks:
             self.pool.release(bid)
 
+    def truncate(self, sid, n) -> None:
+        """Keep the first ``n`` tokens of sequence ``sid`` (a roll-back): blocks past them go back to the pool.
+
+        More than moving a length: whole blocks beyond the kept tokens are released, and a kept block
+        that a prefix may still find by its hash is copied before the sequence writes into it again.
+        """
+        if sid not in self.tables:
+            raise KeyError(f"no sequence {sid!r} in this cache; it holds {sorted(self.tables, key=repr)!r:.120}")
+        table = self.tables[sid]
+        n = check_int("n", n, 0, table.length, f"an int in [0, {table.length}] (tokens of {sid!r} to keep)")
+        keep = self.blocks_needed(n)
+        for bid in table.blocks[keep:]:
+            self.pool.release(bid)
+        del table.blocks[keep:], table.token_ids[n:]
+
     def slots_needed(self, sid, n_new: int) -> int:
         """Blocks that appending ``n_new`` tokens to ``sid`` takes from the pool (copy-on-write included)."""
         table, b = self.tables[sid], self.block_size
         need = self.blocks_needed(table.length + n_new) - len(table.blocks)
-        if table.length % b and self.pool.blocks[table.blocks[-1]].ref_count > 1:
+        if table.length % b and self._must_copy(table.blocks[-1]):
             need += 1  # the shared, partly filled last block is copied before it is written
         return need
 
@@ -202,7 +217,7 @@ class PagedKVCache:
         table, b = self.tables[sid], self.block_size
         if table.length % b:  # the next token goes into the last block, which must be ours alone
             last = table.blocks[-1]
-            if self.pool.blocks[last].ref_count > 1:
+            if self._must_copy(last):
                 new = self.pool.allocate()
                 self.pool.copy(last, new)
                 self.pool.release(last)
@@ -210,6 +225,11 @@ class PagedKVCache:
                 self.copies_on_write += 1
         while len(table.blocks) < self.blocks_needed(table.length + n_new):
             table.blocks.append(self.pool.allocate())
+
+    def _must_copy(self, bid: int) -> bool:
+        """A partly filled last block is shared, or (after a roll-back) still findable by its hash."""
+        block = self.pool.blocks[bid]
+        return block.ref_count > 1 or block.hash is not None
 
     def _commit(self, sid, new_tokens: list[int]) -> None:
         """The new tokens are stored: remember them and register every block they filled."""
@@ -262,7 +282,7 @@ class PagedKVCache:
 class PagedBatch:
     """A batch of sequences of one :class:`PagedKVCache`, offering what ``GPT.forward`` reads from a cache.
 
-    Rows are left-aligned as in notebook 6: row ``b``'s ``n_b`` keys fill the last ``n_b`` of ``S``
+    Rows are right-aligned (padded on the left) as in notebook 6: row ``b``'s ``n_b`` keys fill the last ``n_b`` of ``S``
     columns, its new tokens the last ones of ``T``; ``key_mask`` hides the columns to their left and
     ``position_ids`` count each row's own positions. ``write(layer, k, v)`` scatters the new keys
     into their slots and returns every row's keys *gathered* from its blocks, (B, H, S, D), so the
@@ -312,9 +332,19 @@ class PagedBatch:
             out.append(store.index_select(0, self._read).view(shape).transpose(1, 2))  # (B, H, S, D)
         return tuple(out)
 
+    @property
+    def batch_size(self) -> int:
+        return len(self.sids)
+
     def advance(self, n: int) -> None:
         for sid, t in zip(self.sids, self.new_tokens):
             self.cache._commit(sid, t)
+
+    def truncate(self, n) -> None:
+        """Keep at most ``n`` tokens of every sequence of the batch (:meth:`PagedKVCache.truncate` each)."""
+        n = check_int("n", n, 0, self.length, f"an int in [0, {self.length}] (tokens to keep per sequence)")
+        for sid in self.sids:
+            self.cache.truncate(sid, min(n, self.cache.tables[sid].length))
 
 
 @dataclass

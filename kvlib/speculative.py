@@ -170,7 +170,7 @@ class NeuralDraft(Draft):
         while keep < limit and self.fed[keep] == tokens[keep]:
             keep += 1
         self.fed = self.fed[:keep]
-        self.decoder.cache.length = keep             # the roll-back: later slots will be overwritten
+        self.decoder.cache.truncate(keep)            # the roll-back: later slots will be overwritten
         gamma = min(gamma, self.decoder.max_len - len(tokens) + 1)  # what fits in the draft's block
         logits = self._feed(list(tokens[keep:]))
         temperature = settings[0]
@@ -341,7 +341,7 @@ class SpeculativeDecoder:
             n, token = accept_greedy(drafted, logits)
         else:
             n, token = accept_sampled(drafted, q, probabilities(logits, *self.settings), self.generator)
-        self.target.cache.length = N + n              # keep last, d1 … dn; drop the rest (step 4)
+        self.target.cache.truncate(N + n)             # keep last, d1 … dn; drop the rest (step 4)
         rnd = Round(drafted, n, token)
         self.rounds.append(rnd)
         for t in drafted[:n] + [token]:               # write them one by one, checking the stop rules

@@ -145,7 +145,7 @@ def test_extend_after_a_roll_back_overwrites_the_rejected_slots(random_gpt):
     with torch.inference_mode():
         dec.extend(prompt(10, V))
         dec.extend(prompt(4, V, seed=1))
-        dec.cache.length = 11                                   # keep one of the four
+        dec.cache.truncate(11)                                  # keep one of the four
         again = dec.extend(prompt(3, V, seed=2))
         cache = random_gpt.new_cache(1)
         random_gpt(torch.cat([prompt(10, V), prompt(4, V, seed=1)[:, :1]], 1), cache=cache)

@@ -140,14 +140,14 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats
     one = torch.zeros(1, 1, dtype=torch.long)
 
     def step():
-        dec.cache.length = context
+        dec.cache.truncate(context)
         dec(one)
 
     def verify(T):
         chunk = torch.zeros(1, T, dtype=torch.long)
 
         def run():
-            dec.cache.length = context
+            dec.cache.truncate(context)
             dec.extend(chunk)
         return run
 

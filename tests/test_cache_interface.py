@@ -1,0 +1,68 @@
+"""One written-down cache interface: every cache implements ``Cache`` and runs the model to the same logits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib import FastDecoder, GrowingKVCache, KVCache
+from kvlib import Cache
+from kvlib.paged import PagedKVCache
+
+
+def caches(model):
+    cfg = model.config
+    fast = FastDecoder(model, 1)
+    return {"KVCache": KVCache(cfg, 1), "GrowingKVCache": GrowingKVCache(cfg, 1), "FastDecoder.cache": fast.cache}
+
+
+def test_every_cache_implements_the_protocol(random_gpt):
+    for name, cache in caches(random_gpt).items():
+        assert isinstance(cache, Cache), name
+    paged = PagedKVCache(random_gpt.config, num_blocks=8, block_size=4)
+    paged.add_sequence("a", [1, 2, 3])
+    assert isinstance(paged.batch(["a"], [[4]]), Cache)
+
+
+def test_the_model_gives_the_same_logits_through_every_cache_and_after_a_roll_back(random_gpt):
+    idx = torch.randint(random_gpt.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full, _ = random_gpt(idx)  # (1, 12, V), no cache
+        for name, cache in caches(random_gpt).items():
+            a, _ = random_gpt(idx[:, :8], cache=cache)
+            b, _ = random_gpt(idx[:, 8:], cache=cache)
+            assert torch.allclose(torch.cat([a, b], 1), full, atol=1e-4), name
+            assert cache.length == 12
+            cache.truncate(9)  # keep 9, feed the last three again
+            c, _ = random_gpt(idx[:, 9:], cache=cache)
+            assert torch.allclose(c, full[:, 9:], atol=1e-4), name
+            assert cache.length == 12
+
+
+@pytest.mark.parametrize("bad", [-1, 13, 2.0, True, "3"])
+def test_truncate_refuses_what_is_not_a_kept_length(random_gpt, bad):
+    for name, cache in caches(random_gpt).items():
+        cache.advance(12) if name != "GrowingKVCache" else None
+        if name == "GrowingKVCache":
+            with torch.inference_mode():
+                random_gpt(torch.zeros(1, 12, dtype=torch.long), cache=cache)
+        with pytest.raises((TypeError, ValueError), match=r"\bn\b"):
+            cache.truncate(bad)
+        assert cache.length == 12, name  # unchanged by the refused call
+
+
+def test_a_paged_roll_back_releases_blocks_and_copies_a_block_a_prefix_may_find(random_gpt):
+    cfg = random_gpt.config
+    paged = PagedKVCache(cfg, num_blocks=8, block_size=4, enable_prefix_caching=True)
+    paged.add_sequence("a", list(range(1, 11)))          # 10 tokens: blocks of 4, 4, 2
+    paged.forward(random_gpt, ["a"], [list(range(1, 11))])
+    free = paged.pool.num_free
+    paged.truncate("a", 6)                                # keeps 2 blocks, the second half full
+    assert paged.tables["a"].length == 6 and len(paged.tables["a"].blocks) == 2
+    assert paged.pool.num_free == free + 1
+    kept = paged.tables["a"].blocks[1]
+    assert paged.slots_needed("a", 1) == 1                # the registered block is copied before a write
+    with pytest.raises(KeyError, match="no sequence 'b'"):
+        paged.truncate("b", 0)
+    with pytest.raises(ValueError, match=r"\bn\b"):
+        paged.truncate("a", 7)
+    assert paged.tables["a"].blocks[1] == kept

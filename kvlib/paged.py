@@ -35,6 +35,11 @@ class Block:
     token_ids: tuple[int, ...] = ()  # the tokens behind the hash, compared on a hit (no false sharing)
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up: the blocks that ``a`` positions need, ``b`` to a block."""
+    return -(-a // b)
+
+
 def block_hash(previous: int | None, token_ids) -> int:
     """The key of a full block: its tokens *and* the block before it, so equal keys mean equal prefixes."""
     return hash((previous, tuple(token_ids)))
@@ -149,7 +154,7 @@ class PagedKVCache:
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def blocks_needed(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.block_size)  # ceil
+        return ceil_div(n_tokens, self.block_size)
 
     def can_allocate(self, n_tokens: int) -> bool:
         """Whether a new sequence of ``n_tokens`` fits in the free blocks (prefix hits not counted on)."""
@@ -371,7 +376,7 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
     """
     steps = check_int("steps", steps, 1)
     if num_blocks is None:
-        num_blocks = sum(-(-(len(p) + steps) // block_size) for p in prompts)
+        num_blocks = sum(ceil_div(len(p) + steps, block_size) for p in prompts)
     cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=False,
                          device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
     sids = list(range(len(prompts)))

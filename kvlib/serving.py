@@ -20,7 +20,7 @@ import torch
 from .checks import check_int
 from .decoding import generate, pad_prompts
 from .model import GPT
-from .paged import BLOCK_SIZE, PagedKVCache
+from .paged import BLOCK_SIZE, PagedKVCache, ceil_div
 from .sampling import sample_next
 from .text import encode_prompt
 from .tokenizer import is_ideograph
@@ -162,8 +162,8 @@ class Engine:
                  clock: Clock | None = None):
         self.model = model
         block = model.config.block_size
-        num_blocks = check_int("num_blocks", num_blocks, -(-block // block_size), None,
-                               f"an int >= {-(-block // block_size)}: the pool must hold one sequence of "
+        num_blocks = check_int("num_blocks", num_blocks, ceil_div(block, block_size), None,
+                               f"an int >= {ceil_div(block, block_size)}: the pool must hold one sequence of "
                                f"{block} tokens")
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, block, None,
@@ -399,7 +399,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     """
     n = check_int("n", n, 1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size - len(prompt))
-    need = n * -(-(len(prompt) + max_new_tokens) // block_size)
+    need = n * ceil_div(len(prompt) + max_new_tokens, block_size)
     cache = PagedKVCache(model.config, need, block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
     logits = cache.forward(model, [0], [prompt])

@@ -10,6 +10,7 @@ import html
 
 from ..checks import check_int
 from ..model import GPT
+from ..paged import ceil_div
 from ..serving import Engine, Request, StepRecord
 from .show import FONT, LiveWidget, display, error_message, frame, message_html, row
 
@@ -68,7 +69,7 @@ def block_states(engine: Engine, record: StepRecord | None) -> list[tuple[str, s
 def pool_html(engine: Engine, record: StepRecord | None = None) -> str:
     """The pool as a grid, the legend, the counters and the waiting queue, as one HTML string."""
     states = block_states(engine, record)
-    rows = -(-len(states) // COLUMNS)
+    rows = ceil_div(len(states), COLUMNS)
     parts = []
     for i, (state, label) in enumerate(states):
         x, y = (i % COLUMNS) * CELL_W, (i // COLUMNS) * CELL_H

@@ -117,7 +117,7 @@ def cmd_generate(args) -> None:
         raise UsageError(f"the prompt has {len(ids) - 1} tokens; at most {block - 1} fit the block of {block}")
     idx = torch.tensor([ids])
     gen = torch.Generator().manual_seed(args.seed)
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen,
+    sampling = dict(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p, generator=gen,
                     eos_id=tok.eos_id, logits_hook=no_unk(tok))  # text for people: never <unk>
     # --stream writes the text while it is generated: to stdout, or to stderr when stdout carries JSON.
     stream_to = (sys.stderr if args.json else sys.stdout) if args.stream else None
@@ -193,7 +193,7 @@ def _generate_batch(args) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     try:
         result = write_ids(model, tok, prompts, args.max_new_tokens, temperature=args.temperature,
-                           top_k=args.top_k, top_p=args.top_p, generator=gen)
+                           top_k=args.top_k or None, top_p=args.top_p, generator=gen)
     except ValueError as e:
         raise UsageError(str(e)) from None
     completions = [completion(tok, result, b) for b in range(len(prompts))]
@@ -355,8 +355,34 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+MAX_REQUESTS, MIN_RATE, MAX_RATE = 10_000, 0.01, 100_000.0  # bounds of serve's trace
+
+
+def _bounded(kind, low, high, what):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not low <= value <= high:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be {what} in [{low:,}, {high:,}], got {text}")
+        return value
+    return parse
+
+
+_requests = _bounded(int, 1, MAX_REQUESTS, "a whole number")
+_rate = _bounded(float, MIN_RATE, MAX_RATE, "a number of arrivals per second")
+_top_k = _bounded(int, 0, 1_000_000, "a whole number (0: no top-k filter)")
+_spec_tokens = _bounded(int, 1, 100, "a whole number of tokens")
+_rounds = _bounded(int, 1, 20, "a whole number of rounds")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage block above it), status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)  # every help shows its default
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -364,7 +390,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     models = ["tang-char", "tang-bpe"]
 
     p = sub.add_parser("demo", help="the walkthrough's six sections in the terminal")
@@ -372,52 +398,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="continue a prompt")
     p.add_argument("--prompt", default="", help="opening text (empty: a new poem)")
-    p.add_argument("--model", choices=models, default="tang-char")
-    p.add_argument("--max-new-tokens", type=_token_count, default=64)
-    p.add_argument("--temperature", type=_real, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=_real, default=0.95)
-    p.add_argument("--seed", type=_seed, default=1337)
+    p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to write with")
+    p.add_argument("--max-new-tokens", type=_token_count, default=64,
+                   help=f"tokens to write, 1 to {MAX_NEW_TOKENS:,}")
+    p.add_argument("--temperature", type=_real, default=0.8, help="0 is greedy; higher flattens the distribution")
+    p.add_argument("--top-k", type=_top_k, default=40, help="keep the k most likely tokens; 0 turns the filter off")
+    p.add_argument("--top-p", type=_real, default=0.95,
+                   help="keep the smallest set holding this much probability, in (0, 1]; 1 turns it off")
+    p.add_argument("--seed", type=_seed, default=1337, help="seed of the sampler's own generator, 0 to 2**64 - 1")
     p.add_argument("--no-cache", action="store_true", help="recompute every step instead of the KV cache")
     p.add_argument("--stream", action="store_true",
                    help="write characters while they are generated (to stderr with --json)")
     p.add_argument("--verify", action="store_true", help="check cached logits against recomputation")
     p.add_argument("--benchmark", action="store_true", help="time cached against recompute")
     p.add_argument("--batch-prompts", help='"A|B|C": check a padded batch against single runs')
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("evaluate", help="validation loss per character and format score")
-    p.add_argument("--model", choices=models, default="tang-char")
-    p.add_argument("--poems", type=_at_least_one, default=200)
+    p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to score")
+    p.add_argument("--poems", type=_at_least_one, default=200, help="poems to sample for the format score")
     p.add_argument("--show", type=_positive_int, default=5, help="sample poems to print")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="decode speed: fast path, cached, recompute, transformers")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="many users: one at a time, static batches, continuous batching (paged)")
-    p.add_argument("--requests", type=_at_least_one, default=64)
-    p.add_argument("--rate", type=float, default=100.0, help="arrivals per second")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--requests", type=_requests, default=64, help=f"requests in the trace, 1 to {MAX_REQUESTS}")
+    p.add_argument("--rate", type=_rate, default=100.0, help=f"arrivals per second, in [{MIN_RATE:g}, {MAX_RATE:g}]")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the trace's arrivals and prompts")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("speculate", help="speculative decoding: acceptance, best γ, speed-up per draft")
-    p.add_argument("--new-tokens", type=_at_least_one, default=64)
-    p.add_argument("--rounds", type=_at_least_one, default=3)
+    p.add_argument("--new-tokens", type=_spec_tokens, default=64, help="tokens per prompt, 1 to 100")
+    p.add_argument("--rounds", type=_rounds, default=3, help="interleaved timing rounds, 1 to 20")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' assisted generation")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_speculate)
 
     p = sub.add_parser("train", help="train a model and write it to data/")
-    p.add_argument("--model", choices=models + ["tang-char-draft"], default="tang-char")
-    p.add_argument("--steps", type=_positive_int)
-    p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--lr", type=_real)
-    p.add_argument("--threads", type=_positive_int)
-    p.add_argument("--seed", type=_seed)
+    p.add_argument("--model", choices=models + ["tang-char-draft"], default="tang-char", help="the model to train")
+    p.add_argument("--steps", type=_positive_int, help="optimiser steps (default: the model's recipe)")
+    p.add_argument("--batch-size", type=_positive_int, help="windows per step (default: the model's recipe)")
+    p.add_argument("--lr", type=_real, help="peak learning rate (default: the model's recipe)")
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: 1)")
+    p.add_argument("--seed", type=_seed, help="seed of the initial weights and the batches (default: 1337)")
     p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")
     p.add_argument("--restart", action="store_true",
                    help="discard an unfinished run's state in runs/<model>/ and start over")

@@ -85,7 +85,7 @@ def sections(model, tok):
     cache = model.new_cache(1)
     cfg = model.config
     yield (f"  cache per token: 2 (k, v) x {cfg.n_layer} layers x {cfg.n_embd} dims x 4 bytes = "
-           f"{cache.bytes_per_token:,} bytes; {cfg.block_size} tokens take {cache.nbytes // 1024} KB")
+           f"{cache.bytes_per_token:,} bytes; {cfg.block_size} tokens take {cache.nbytes // 1024} KiB")
 
 
 def run_demo(name: str = "tang-char") -> None:

@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..model import GPT
-from ..paged import BLOCK_SIZE, PagedKVCache
+from ..paged import BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import (RunResult, make_trace, run_continuous, run_one_at_a_time,
                        run_static_batching)
 from ..timing import machine, percentile, threads
@@ -60,7 +60,7 @@ def decode_step_ms(model: GPT, batch_size: int = 8, context: int = 64, steps: in
             model(step_tokens, cache=cache, last_only=True)
         static.append((time.perf_counter() - t) / steps)
 
-        blocks = batch_size * -(-(context + steps) // BLOCK_SIZE)
+        blocks = batch_size * ceil_div(context + steps, BLOCK_SIZE)
         pc = PagedKVCache(model.config, blocks, enable_prefix_caching=False)
         for s in sids:
             pc.add_sequence(s, prompt[s].tolist())
@@ -149,7 +149,7 @@ def expected_share(requests: list, block_size: int) -> float:
     for r in requests:
         for n in range(len(r.prompt) + 1, len(r.prompt) + r.max_new_tokens + 1):
             real += n
-            used += -(-n // block_size) * block_size
+            used += ceil_div(n, block_size) * block_size
     return real / used
 
 
@@ -158,7 +158,7 @@ def prefix_cache_report(model: GPT, requests: list, *, block_size: int = BLOCK_S
 
     The pool holds ``kv_positions`` positions (as many blocks of ``block_size`` as fit), whatever the block size.
     """
-    num_blocks = max(kv_positions // block_size, -(-model.config.block_size // block_size))
+    num_blocks = max(kv_positions // block_size, ceil_div(model.config.block_size, block_size))
     run_continuous(model, requests[:1], num_blocks, block_size=block_size)  # warm-up, not counted
     off = run_continuous(model, requests, num_blocks, block_size=block_size)
     on = run_continuous(model, requests, num_blocks, block_size=block_size, enable_prefix_caching=True)
@@ -182,7 +182,7 @@ def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats
     first, rest = prompts[0], prompts[1:]
     if not rest:
         raise ValueError("suffixes must hold at least two suffixes: one request fills the cache, the others hit it")
-    blocks = sum(-(-len(p) // BLOCK_SIZE) for p in prompts)
+    blocks = sum(ceil_div(len(p), BLOCK_SIZE) for p in prompts)
     times, computed = {False: [], True: []}, {}
     sids = list(range(1, len(prompts)))
     for _ in range(repeats):

@@ -170,8 +170,8 @@ def test_demo_prints_the_six_sections(shipped_char):
     text = "\n".join(lines)
     assert "cached equals uncached" in text
     assert "without the poem separator" in text and "notebook 1" in text  # why its top 8 differ from notebook 1's
-    assert "169 times in 1,187" in text
-    assert "4,096 bytes" in text and "512 KB" in text
+    assert "169 times in 1,177" in text
+    assert "4,096 bytes" in text and "512 KiB" in text
     for heads in ("春眠不觉", "学无止境"):
         assert heads in text
 

@@ -106,7 +106,7 @@ class Clock:
 
 
 @dataclass
-class Sequence:
+class RequestState:
     """A request inside the engine: its tokens so far and what happened to it."""
     request: Request
     output: list[int] = field(default_factory=list)
@@ -176,24 +176,24 @@ class Engine:
         self.cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
                                   device=p.device, dtype=p.dtype)
         self.clock = clock or Clock()
-        self.waiting: deque[Sequence] = deque()   # in arrival order; preempted ones go back to the front
-        self.running: list[Sequence] = []         # in admission order: the last is the newest
-        self.finished: list[Sequence] = []
+        self.waiting: deque[RequestState] = deque()   # in arrival order; preempted ones go back to the front
+        self.running: list[RequestState] = []         # in admission order: the last is the newest
+        self.finished: list[RequestState] = []
         self.history: list[StepRecord] = []
         self._released: dict[int, list[int]] = {}
 
     def add(self, request: Request) -> None:
-        self.waiting.append(Sequence(request))
+        self.waiting.append(RequestState(request))
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def arrived(self) -> list[Sequence]:
+    def arrived(self) -> list[RequestState]:
         now = self.clock.now()
         return [s for s in self.waiting if s.request.arrival <= now]
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self) -> list[RequestState]:
         admitted, budget, now = [], self.max_num_batched_tokens, self.clock.now()
         free = self.cache.pool.num_free
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:

@@ -342,7 +342,7 @@ class SpeculativeDecoder:
         else:
             n, token = accept_sampled(drafted, q, probabilities(logits, *self.settings), self.generator)
         self.target.cache.truncate(N + n)             # keep last, d1 … dn; drop the rest (step 4)
-        rnd = Round(drafted, n, token)
+        rnd = Round(drafted=drafted, accepted=n, token=token)
         self.rounds.append(rnd)
         for t in drafted[:n] + [token]:               # write them one by one, checking the stop rules
             self.tokens.append(t)

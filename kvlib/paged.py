@@ -183,14 +183,24 @@ class PagedKVCache:
         self.prefix_hit_tokens += table.length
         return table.length
 
+    def table(self, sid) -> BlockTable:
+        """The block table of sequence ``sid``; a clear KeyError naming the sequences held if there is none."""
+        try:
+            return self.tables[sid]
+        except (KeyError, TypeError):
+            raise KeyError(f"no sequence {sid!r} in this cache; it holds {sorted(self.tables, key=repr)!r:.120}") from None
+
     def fork(self, parent, child) -> None:
         """``child`` shares every block of ``parent`` (parallel sampling): no copy until one of them writes."""
-        src = self.tables[parent]
+        src = self.table(parent)
+        if child in self.tables:
+            raise ValueError(f"sequence {child!r} is already in the cache")
         for bid in src.blocks:
             self.pool.share(bid)
         self.tables[child] = BlockTable(list(src.blocks), list(src.token_ids))
 
     def free(self, sid) -> None:
+        self.table(sid)
         for bid in self.tables.pop(sid).blocks:
             self.pool.release(bid)
 
@@ -200,9 +210,7 @@ class PagedKVCache:
         More than moving a length: whole blocks beyond the kept tokens are released, and a kept block
         that a prefix may still find by its hash is copied before the sequence writes into it again.
         """
-        if sid not in self.tables:
-            raise KeyError(f"no sequence {sid!r} in this cache; it holds {sorted(self.tables, key=repr)!r:.120}")
-        table = self.tables[sid]
+        table = self.table(sid)
         n = check_int("n", n, 0, table.length, f"an int in [0, {table.length}] (tokens of {sid!r} to keep)")
         keep = self.blocks_needed(n)
         for bid in table.blocks[keep:]:
@@ -211,7 +219,8 @@ class PagedKVCache:
 
     def slots_needed(self, sid, n_new: int) -> int:
         """Blocks that appending ``n_new`` tokens to ``sid`` takes from the pool (copy-on-write included)."""
-        table, b = self.tables[sid], self.block_size
+        table, b = self.table(sid), self.block_size
+        n_new = check_int("n_new", n_new, 0)
         need = self.blocks_needed(table.length + n_new) - len(table.blocks)
         if table.length % b and self._must_copy(table.blocks[-1]):
             need += 1  # the shared, partly filled last block is copied before it is written
@@ -265,6 +274,19 @@ class PagedKVCache:
 
     # -- the forward pass -----------------------------------------------------------------------------
     def batch(self, sids: list, new_tokens: list[list[int]]) -> "PagedBatch":
+        if not isinstance(sids, (list, tuple)) or not isinstance(new_tokens, (list, tuple)) or len(sids) != len(new_tokens):
+            raise ValueError(f"sids and new_tokens must be lists of the same length, got {len(sids) if hasattr(sids, '__len__') else sids!r} "
+                             f"and {len(new_tokens) if hasattr(new_tokens, '__len__') else new_tokens!r}")
+        if not sids:
+            raise ValueError("a batch needs at least one sequence")
+        if len(set(map(repr, sids))) != len(sids):
+            raise ValueError(f"a sequence may appear once in a batch, got {list(sids)!r:.100}")
+        for sid, new in zip(sids, new_tokens):
+            self.table(sid)
+            if isinstance(new, (str, bytes)) or not isinstance(new, (list, tuple)):
+                raise TypeError(f"new tokens of {sid!r} must be a list of token ids, got {new!r:.60}")
+            for t in new:
+                check_int("token id", t, 0, self.config.vocab_size - 1)
         for sid, new in zip(sids, new_tokens):
             if not new:
                 raise ValueError(f"sequence {sid!r} has no new tokens: every row needs at least one")

@@ -10,7 +10,9 @@ a real poem), so the three ways do the same work and must write the same tokens.
 """
 from __future__ import annotations
 
+import math
 import random
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -28,10 +30,23 @@ from .tokenizer import is_ideograph
 
 @dataclass
 class Request:
+    """One user's request; checked when made (ids, lengths, time), and by ``Engine.add`` against the model."""
     id: int
     prompt: list[int]       # token ids, the poem separator first
     max_new_tokens: int     # the answer length: the request is done after this many tokens
     arrival: float = 0.0    # seconds after the start of the trace
+
+    def __post_init__(self):
+        check_int("id", self.id, 0)
+        if isinstance(self.prompt, (str, bytes)) or not isinstance(self.prompt, (list, tuple)) or not self.prompt:
+            raise ValueError(f"prompt must be a non-empty list of token ids, got {self.prompt!r:.80}")
+        for t in self.prompt:
+            check_int("prompt token", t, 0)
+        self.prompt = list(self.prompt)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        if (isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float))
+                or not math.isfinite(self.arrival) or self.arrival < 0):
+            raise ValueError(f"arrival must be a finite number of seconds >= 0, got {self.arrival!r}")
 
 
 def plain(poem: str) -> bool:
@@ -181,8 +196,23 @@ class Engine:
         self.finished: list[RequestState] = []
         self.history: list[StepRecord] = []
         self._released: dict[int, list[int]] = {}
+        self._stepping = threading.Lock()
 
     def add(self, request: Request) -> None:
+        """Queue a request; refused (and nothing queued) if it cannot fit the model or repeats an id."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be a kvlib.serving.Request, got {type(request).__name__}")
+        cfg = self.model.config
+        total = len(request.prompt) + request.max_new_tokens
+        if total > cfg.block_size:
+            raise ValueError(f"request {request.id}: prompt ({len(request.prompt)} tokens) + max_new_tokens "
+                             f"({request.max_new_tokens}) = {total}; allowed is at most the model's block of "
+                             f"{cfg.block_size}")
+        if max(request.prompt) >= cfg.vocab_size:
+            raise ValueError(f"request {request.id}: prompt holds token id {max(request.prompt)}; allowed are ids "
+                             f"in [0, {cfg.vocab_size})")
+        if any(s.id == request.id for s in (*self.waiting, *self.running, *self.finished)):
+            raise ValueError(f"request id {request.id} is already in this engine; ids must be unique")
         self.waiting.append(RequestState(request))
 
     @property
@@ -224,6 +254,20 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> StepRecord:
+        """One forward pass (a prefill of the admitted, or a decode of the running); refused while another runs.
+
+        An Engine is not safe to share between threads: a second ``step`` while one runs raises
+        RuntimeError instead of corrupting the block tables.
+        """
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError("Engine.step is already running (in another thread); an Engine is not "
+                               "thread-safe: give each thread its own, or step it from one thread")
+        try:
+            return self._step()
+        finally:
+            self._stepping.release()
+
+    def _step(self) -> StepRecord:
         self._released = {}
         admitted = self._admit()
         preempted, computed = [], 0

@@ -226,14 +226,26 @@ def cmd_demo(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
+    from pathlib import Path
+
+    from .loading import load_pretrained
     from .training import evaluate
 
-    model, tok = _load(args.model)
-    r = evaluate(model, tok, n_poems=args.poems)
-    print(f"{args.model}: validation {r['val_nats_per_char']:.3f} nats/char "
-          f"({r['val_loss_per_token']:.3f} nats/token), format score {100 * r['format_score']:.1f} % "
-          f"of lines with 5 or 7 characters in {args.poems} poems at temperature 0.8")
-    for s in r["samples"][: args.show]:
+    runs = [("shipped", *_load(args.model))]
+    if args.before is not None:
+        before = Path(args.before)
+        if not (before / "MANIFEST.json").is_file():
+            raise UsageError(f"--before {before}: not a data folder (it has no MANIFEST.json); allowed is a folder "
+                             f"holding an earlier {args.model}.pt, its tokenizer file and their MANIFEST.json")
+        runs.insert(0, ("before", *load_pretrained(args.model, data_dir=before)))
+    results = [(label, model, tok, evaluate(model, tok, n_poems=args.poems)) for label, model, tok in runs]
+    for label, model, tok, r in results:
+        print(f"{args.model} ({label}): vocabulary {tok.vocab_size:,}, validation {r['val_nats_per_char']:.3f} "
+              f"nats/char ({r['val_loss_per_token']:.3f} nats/token), format score {100 * r['format_score']:.1f} % "
+              f"of lines with 5 or 7 characters in {args.poems} poems at temperature 0.8")
+    if args.before is not None:
+        print("(both scored on this corpus's validation split)")
+    for s in results[-1][3]["samples"][: args.show]:
         print("  " + s)
 
 
@@ -419,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to score")
     p.add_argument("--poems", type=_at_least_one, default=200, help="poems to sample for the format score")
     p.add_argument("--show", type=_positive_int, default=5, help="sample poems to print")
+    p.add_argument("--before", metavar="DIR", help="also score the model kept in this data folder (an earlier "
+                   "version's checkpoint, tokenizer and MANIFEST.json), side by side, on this corpus")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="decode speed: fast path, cached, recompute, transformers")

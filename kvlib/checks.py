@@ -440,3 +440,115 @@ def check_hook_output(logits, shape) -> torch.Tensor:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits_hook must return a tensor of shape (B, V) = {tuple(shape)}, got {got}")
     return check_logits(logits)
+
+
+# ---- more edges: flags, finite numbers, lists, keys, dtypes and one thread at a time ---------------
+
+def check_bool(name: str, value) -> bool:
+    """True or False exactly (1, "yes" and None are not flags)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r:.60}")
+    return value
+
+
+def check_real(name: str, value, minimum: float | None = None, maximum: float | None = None, *,
+               open_min: bool = False, open_max: bool = False, allowed: str | None = None) -> float:
+    """A finite real number (not a bool) in the given range; ``open_*`` leave an end out."""
+    if allowed is None:
+        lo = "" if minimum is None else f"{'>' if open_min else '>='} {minimum:g}"
+        hi = "" if maximum is None else f"{'<' if open_max else '<='} {maximum:g}"
+        allowed = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "") + (f" {hi}" if hi else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {value!r:.60}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {allowed}, got {value!r:.60}") from None
+    if not math.isfinite(x) or (minimum is not None and (x <= minimum if open_min else x < minimum)) or (
+            maximum is not None and (x >= maximum if open_max else x > maximum)):
+        raise ValueError(f"{name} must be {allowed}, got {value!r:.60}")
+    return x
+
+
+def check_id_list(name: str, ids, vocab_size: int | None = None, *, min_len: int = 1,
+                  max_len: int | None = None) -> list[int]:
+    """A list (or tuple) of int token ids in [0, vocab_size), with ``min_len`` to ``max_len`` entries.
+
+    Unlike :func:`check_token_ids`, no tensors, ranges or generators: what a queue or a table keeps.
+    """
+    top = "" if vocab_size is None else f" in [0, {vocab_size})"
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+        raise TypeError(f"{name} must be a list of int token ids{top}, got {ids!r:.60}")
+    if len(ids) < min_len or (max_len is not None and len(ids) > max_len):
+        rule = f"at least {min_len}" if max_len is None else f"{min_len} to {max_len}"
+        raise ValueError(f"{name} must hold {rule} token ids, got {len(ids)}")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{name}[{i}] must be an int token id{top}, got {t!r:.40}")
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            raise ValueError(f"{name}[{i}] = {t!r} is not a token id: allowed are ints{top or ' >= 0'}")
+    return [int(t) for t in ids]
+
+
+def check_key(name: str, key) -> object:
+    """A key for a dict (a sequence id, say): hashable, and not a float NaN that never equals itself."""
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"{name} must be hashable (an int or a str, say), got {type(key).__name__}") from None
+    if isinstance(key, float) and math.isnan(key):
+        raise ValueError(f"{name} must equal itself (an int or a str, say), got nan")
+    return key
+
+
+def check_list(name: str, value, of: type | tuple, what: str, *, min_len: int = 1) -> list:
+    """A list (or tuple) of at least ``min_len`` instances of ``of``; ``what`` names one for the message."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of {what}, got {value!r:.60}")
+    if len(value) < min_len:
+        raise ValueError(f"{name} must hold at least {min_len} {what}, got {len(value)}")
+    for i, x in enumerate(value):
+        if not isinstance(x, of):
+            raise TypeError(f"{name}[{i}] must be {what}, got {type(x).__name__}")
+    return list(value)
+
+
+def check_dtype(dtype, name: str = "dtype"):
+    """None or a floating torch.dtype."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name} must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r:.60}")
+    return dtype
+
+
+def check_device(device, name: str = "device"):
+    """None, a str such as "cpu", or a torch.device."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be None, a str (e.g. 'cpu') or a torch.device, got {device!r:.60}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a device (e.g. 'cpu', 'cuda:0'), got {device!r:.60}") from None
+
+
+class one_at_a_time:
+    """``with one_at_a_time(self._lock, "CacheStepper.step"):``: a second thread inside raises RuntimeError.
+
+    The lock is taken without waiting, so an object that is not safe to share between threads
+    refuses a concurrent call clearly instead of corrupting its state.
+    """
+
+    def __init__(self, lock, what: str):
+        self.lock, self.what = lock, what
+
+    def __enter__(self):
+        if not self.lock.acquire(blocking=False):
+            owner = self.what.split(".")[0]
+            raise RuntimeError(f"{self.what} is already running (in another thread); a {owner} is not "
+                               f"thread-safe: give each thread its own, or call it from one thread")
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import check_int
+from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_config, check_device,
+                     check_dtype, check_id_list, check_int, check_key, check_model, check_real)
 from .decoding import generate
 from .model import GPT, GPTConfig
 
 BLOCK_SIZE = 16
+MAX_POSITIONS = 2**22  # a pool holds at most this many positions (num_blocks x block_size)
 
 
 @dataclass
@@ -55,8 +57,13 @@ class BlockPool:
     """
 
     def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, device=None, dtype=None):
-        self.num_blocks = check_int("num_blocks", num_blocks, 1)
-        self.block_size = check_int("block_size", block_size, 1)
+        check_config(config, GPTConfig)
+        self.block_size = check_int("block_size", block_size, 1, config.block_size,
+                                    f"an int in [1, {config.block_size}] (the model's block size at most)")
+        top = MAX_POSITIONS // self.block_size
+        self.num_blocks = check_int("num_blocks", num_blocks, 1, top,
+                                    f"an int in [1, {top}] (at most {MAX_POSITIONS} positions in the pool)")
+        device, dtype = check_device(device), check_dtype(dtype)
         shape = (config.n_layer, num_blocks * block_size, config.n_head, config.head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -69,6 +76,12 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         return len(self.free_fresh) + len(self.free_cached)
+
+    def _check_bid(self, name: str, bid, in_use: bool = True) -> int:
+        bid = check_int(name, bid, 0, self.num_blocks - 1)
+        if in_use and self.blocks[bid].ref_count < 1:
+            raise ValueError(f"{name} = {bid} is a free block; allowed are blocks in use (ref_count >= 1)")
+        return bid
 
     def allocate(self) -> int:
         if self.free_fresh:
@@ -86,18 +99,25 @@ class BlockPool:
 
     def lookup(self, h: int, token_ids) -> int | None:
         """The block holding exactly these tokens after this prefix, or None."""
+        if isinstance(h, bool) or not isinstance(h, int):
+            raise TypeError(f"h must be an int block hash (from block_hash), got {h!r:.60}")
+        token_ids = check_id_list("token_ids", token_ids, min_len=0, max_len=self.block_size)
         bid = self.by_hash.get(h)
         if bid is None or self.blocks[bid].token_ids != tuple(token_ids):
             return None
         return bid
 
     def share(self, bid: int) -> None:
-        """One more user of a block; a free cached block comes back into use."""
+        """One more user of a block; a free cached block comes back into use (a fresh free block cannot)."""
+        bid = check_int("bid", bid, 0, self.num_blocks - 1)
+        if self.blocks[bid].ref_count < 1 and bid not in self.free_cached:
+            raise ValueError(f"bid = {bid} is a fresh free block with nothing to share; allowed are blocks in use "
+                             f"or free blocks still holding a cached prefix")
         self.free_cached.pop(bid, None)
         self.blocks[bid].ref_count += 1
 
     def release(self, bid: int) -> None:
-        block = self.blocks[bid]
+        block = self.blocks[self._check_bid("bid", bid)]
         block.ref_count -= 1
         if block.ref_count == 0:
             if block.hash is not None and self.by_hash.get(block.hash) == bid:
@@ -112,11 +132,15 @@ class BlockPool:
         Two sequences that computed the same block at once both know its hash (the next block's hash
         is built on it), but the table keeps the first: the other is freed as a plain block.
         """
-        block = self.blocks[bid]
+        block = self.blocks[self._check_bid("bid", bid)]
+        if isinstance(h, bool) or not isinstance(h, int):
+            raise TypeError(f"h must be an int block hash (from block_hash), got {h!r:.60}")
+        token_ids = check_id_list("token_ids", token_ids, min_len=self.block_size, max_len=self.block_size)
         block.hash, block.token_ids = h, tuple(token_ids)
         self.by_hash.setdefault(h, bid)
 
     def copy(self, src: int, dst: int) -> None:
+        src, dst = check_int("src", src, 0, self.num_blocks - 1), check_int("dst", dst, 0, self.num_blocks - 1)
         b = self.block_size
         self.k[:, dst * b:(dst + 1) * b] = self.k[:, src * b:(src + 1) * b]
         self.v[:, dst * b:(dst + 1) * b] = self.v[:, src * b:(src + 1) * b]
@@ -144,17 +168,18 @@ class PagedKVCache:
 
     def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, *,
                  enable_prefix_caching: bool = True, device=None, dtype=None):
+        check_config(config, GPTConfig)
+        self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.config = config
         self.pool = BlockPool(config, num_blocks, block_size, device, dtype)
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.block_size = self.pool.block_size
         self.tables: dict[object, BlockTable] = {}
         self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
         self.copies_on_write = 0
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def blocks_needed(self, n_tokens: int) -> int:
-        return ceil_div(n_tokens, self.block_size)
+        return ceil_div(check_int("n_tokens", n_tokens, 0), self.block_size)
 
     def can_allocate(self, n_tokens: int) -> bool:
         """Whether a new sequence of ``n_tokens`` fits in the free blocks (prefix hits not counted on)."""
@@ -165,6 +190,9 @@ class PagedKVCache:
 
         At least the last prompt token is always left to compute: its logits choose the next token.
         """
+        check_key("sid", sid)
+        block = self.config.block_size
+        prompt = check_id_list("prompt", prompt, self.config.vocab_size, max_len=block)
         if sid in self.tables:
             raise ValueError(f"sequence {sid!r} is already in the cache")
         table = self.tables[sid] = BlockTable()
@@ -187,12 +215,15 @@ class PagedKVCache:
         """The block table of sequence ``sid``; a clear KeyError naming the sequences held if there is none."""
         try:
             return self.tables[sid]
-        except (KeyError, TypeError):
+        except TypeError:
+            raise TypeError(f"sid must be hashable (an int or a str, say), got {type(sid).__name__}") from None
+        except KeyError:
             raise KeyError(f"no sequence {sid!r} in this cache; it holds {sorted(self.tables, key=repr)!r:.120}") from None
 
     def fork(self, parent, child) -> None:
         """``child`` shares every block of ``parent`` (parallel sampling): no copy until one of them writes."""
         src = self.table(parent)
+        check_key("child", child)
         if child in self.tables:
             raise ValueError(f"sequence {child!r} is already in the cache")
         for bid in src.blocks:
@@ -274,35 +305,75 @@ class PagedKVCache:
 
     # -- the forward pass -----------------------------------------------------------------------------
     def batch(self, sids: list, new_tokens: list[list[int]]) -> "PagedBatch":
-        if not isinstance(sids, (list, tuple)) or not isinstance(new_tokens, (list, tuple)) or len(sids) != len(new_tokens):
-            raise ValueError(f"sids and new_tokens must be lists of the same length, got {len(sids) if hasattr(sids, '__len__') else sids!r} "
-                             f"and {len(new_tokens) if hasattr(new_tokens, '__len__') else new_tokens!r}")
+        """Reserve room for every sequence's new tokens; all checked first, so that bad input changes nothing."""
+        for name, x in (("sids", sids), ("new_tokens", new_tokens)):
+            if isinstance(x, (str, bytes)) or not isinstance(x, (list, tuple)):
+                raise TypeError(f"{name} must be a list, got {x!r:.60}")
+        if len(sids) != len(new_tokens):
+            raise ValueError(f"sids and new_tokens must be lists of the same length, got {len(sids)} and "
+                             f"{len(new_tokens)}")
         if not sids:
-            raise ValueError("a batch needs at least one sequence")
-        if len(set(map(repr, sids))) != len(sids):
-            raise ValueError(f"a sequence may appear once in a batch, got {list(sids)!r:.100}")
+            raise ValueError("sids must name at least one sequence: a batch needs one, got []")
+        for i, sid in enumerate(sids):
+            check_key(f"sids[{i}]", sid)
+        if len(set(sids)) != len(sids):
+            raise ValueError(f"sids must name each sequence once in a batch, got {list(sids)!r:.100}")
+        for i, new in enumerate(new_tokens):
+            if isinstance(new, (list, tuple)) and not new:
+                raise ValueError(f"new_tokens[{i}] is empty: sequence {sids[i]!r} has no new tokens; every row "
+                                 f"needs at least one")
+        new_tokens = [check_id_list(f"new_tokens[{i}]", new, self.config.vocab_size)
+                      for i, new in enumerate(new_tokens)]
         for sid, new in zip(sids, new_tokens):
-            self.table(sid)
-            if isinstance(new, (str, bytes)) or not isinstance(new, (list, tuple)):
-                raise TypeError(f"new tokens of {sid!r} must be a list of token ids, got {new!r:.60}")
-            for t in new:
-                check_int("token id", t, 0, self.config.vocab_size - 1)
+            if self.table(sid).length + len(new) > self.config.block_size:
+                raise ContextLimitError(f"sequence {sid!r} would reach {self.tables[sid].length + len(new)} "
+                                        f"positions; the model's block holds {self.config.block_size}")
+        need = self._blocks_to_take(sids, new_tokens)
+        if need > self.pool.num_free:
+            raise RuntimeError(f"the block pool is full: this batch needs {need} blocks at its peak, "
+                               f"{self.pool.num_free} are free; free or preempt a sequence first")
         for sid, new in zip(sids, new_tokens):
-            if not new:
-                raise ValueError(f"sequence {sid!r} has no new tokens: every row needs at least one")
-            if self.tables[sid].length + len(new) > self.config.block_size:
-                raise ValueError(f"sequence {sid!r} would reach {self.tables[sid].length + len(new)} positions; "
-                                 f"the model's block holds {self.config.block_size}")
-        for sid, new in zip(sids, new_tokens):  # checked first, so that bad input changes nothing
             self._reserve(sid, len(new))
-        return PagedBatch(self, list(sids), [list(t) for t in new_tokens])
+        return PagedBatch(self, list(sids), new_tokens)
+
+    def _blocks_to_take(self, sids, new_tokens) -> int:
+        """Free blocks that ``_reserve`` will take for this batch, in its order (copies on write included)."""
+        b, refs, free = self.block_size, {}, self.pool.num_free
+        lowest = free
+        for sid, new in zip(sids, new_tokens):
+            table = self.tables[sid]
+            if table.length % b:
+                last = table.blocks[-1]
+                block = self.pool.blocks[last]
+                refs.setdefault(last, block.ref_count)
+                if refs[last] > 1 or block.hash is not None:
+                    free -= 1                   # the copy
+                    lowest = min(lowest, free)
+                    refs[last] -= 1
+                    if refs[last] == 0:
+                        free += 1               # the original goes back to a free list
+            free -= max(0, self.blocks_needed(table.length + len(new)) - len(table.blocks))
+            lowest = min(lowest, free)
+        return self.pool.num_free - lowest
 
     @torch.inference_mode()
     def forward(self, model: GPT, sids: list, new_tokens: list[list[int]]) -> torch.Tensor:
         """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token."""
+        check_model(model)
+        cfg = self.config
+        if any(getattr(model.config, a) != getattr(cfg, a) for a in ("vocab_size", "n_layer", "n_head", "n_embd")):
+            raise ValueError(f"model does not match this cache: the cache was made for {cfg}, got a model with "
+                             f"{model.config}")
+        before = {sid: self.tables[sid].length for sid in sids} if isinstance(sids, (list, tuple)) else {}
         batch = self.batch(sids, new_tokens)
-        logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
-                          last_only=True)
+        try:
+            logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
+                              last_only=True)
+        except BaseException:
+            for sid, n in before.items():     # give back the blocks reserved for tokens never stored
+                if sid in self.tables and self.tables[sid].length == n:
+                    self.truncate(sid, n)
+            raise
         return logits[:, -1]
 
 
@@ -323,7 +394,19 @@ class PagedBatch:
     """
 
     def __init__(self, cache: PagedKVCache, sids: list, new_tokens: list[list[int]]):
+        if not isinstance(cache, PagedKVCache):
+            raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+        if not isinstance(sids, list) or not isinstance(new_tokens, list) or len(sids) != len(new_tokens) or not sids:
+            raise ValueError("sids and new_tokens must be non-empty lists of the same length (make a batch with "
+                             "PagedKVCache.batch, which reserves its blocks)")
+        for sid, new in zip(sids, new_tokens):
+            table = cache.table(sid)
+            new = check_id_list(f"new tokens of {sid!r}", new, cache.config.vocab_size)
+            if len(table.blocks) < cache.blocks_needed(table.length + len(new)):
+                raise ValueError(f"sequence {sid!r} has no blocks reserved for its {len(new)} new tokens: make the "
+                                 f"batch with PagedKVCache.batch")
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
+        self._advanced = False
         b, tables = cache.block_size, [cache.tables[s] for s in sids]
         # Python lists first, one tensor each: this runs before every forward pass.
         n_new = [len(t) for t in new_tokens]
@@ -352,6 +435,13 @@ class PagedBatch:
         the same as indexing with ``[slots]``, several times faster on the CPU.
         """
         pool, (B, S) = self.cache.pool, self.read_slots.shape
+        cfg, T = self.cache.config, self.idx.shape[1]
+        layer = check_int("layer", layer, 0, cfg.n_layer - 1)
+        want = (B, cfg.n_head, T, cfg.head_size)
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != pool.k.dtype:
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a {pool.k.dtype} tensor of shape (B, H, T, D) = {want}, got {got}")
         shape = (B, S) + tuple(k.shape[1:2]) + tuple(k.shape[3:])          # (B, S, H, D)
         out = []
         for store, new in ((pool.k[layer], k), (pool.v[layer], v)):
@@ -364,6 +454,12 @@ class PagedBatch:
         return len(self.sids)
 
     def advance(self, n: int) -> None:
+        """The new tokens are stored (``GPT.forward`` calls this once, with ``n`` = T, after its last layer)."""
+        T = self.idx.shape[1]
+        n = check_int("n", n, T, T, f"{T} (the batch's new-token columns)")
+        if self._advanced:
+            raise RuntimeError("this batch has already advanced: its tokens are stored; make a new batch")
+        self._advanced = True
         for sid, t in zip(self.sids, self.new_tokens):
             self.cache._commit(sid, t)
 
@@ -396,9 +492,16 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
     For every request, its ``steps`` logits (paged, batched with the others) against those of
     ``generate`` with the teaching model's ``KVCache`` (the request alone), and the greedy tokens.
     """
-    steps = check_int("steps", steps, 1)
+    check_batch_inputs(model, prompts, steps)
+    prompts = [list(map(int, p)) for p in prompts]
+    block_size = check_int("block_size", block_size, 1, model.config.block_size,
+                           f"an int in [1, {model.config.block_size}] (the model's block size at most)")
+    atol = check_real("atol", atol, 0)
+    need = sum(ceil_div(len(p) + steps, block_size) for p in prompts)
     if num_blocks is None:
-        num_blocks = sum(ceil_div(len(p) + steps, block_size) for p in prompts)
+        num_blocks = need
+    num_blocks = check_int("num_blocks", num_blocks, need, None,
+                           f"None or an int >= {need} (blocks these prompts and steps need)")
     cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=False,
                          device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
     sids = list(range(len(prompts)))

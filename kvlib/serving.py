@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import check_int
+from .checks import (check_bool, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
+                     check_seed, check_text, check_tokenizer, one_at_a_time)
 from .decoding import generate, pad_prompts
 from .model import GPT
 from .paged import BLOCK_SIZE, PagedKVCache, ceil_div
@@ -38,15 +39,19 @@ class Request:
 
     def __post_init__(self):
         check_int("id", self.id, 0)
-        if isinstance(self.prompt, (str, bytes)) or not isinstance(self.prompt, (list, tuple)) or not self.prompt:
-            raise ValueError(f"prompt must be a non-empty list of token ids, got {self.prompt!r:.80}")
-        for t in self.prompt:
-            check_int("prompt token", t, 0)
-        self.prompt = list(self.prompt)
+        self.prompt = check_id_list("prompt", self.prompt)
         check_int("max_new_tokens", self.max_new_tokens, 1)
-        if (isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float))
-                or not math.isfinite(self.arrival) or self.arrival < 0):
-            raise ValueError(f"arrival must be a finite number of seconds >= 0, got {self.arrival!r}")
+        check_real("arrival", self.arrival, 0, allowed="a finite number of seconds >= 0")
+
+
+MAX_REQUESTS = 100_000  # a trace longer than this is a typo, not a classroom
+
+
+def _check_poems(poems) -> list[str]:
+    poems = check_list("poems", poems, str, "poems (str)")
+    for i, p in enumerate(poems):
+        check_text(p, f"poems[{i}]")
+    return poems
 
 
 def plain(poem: str) -> bool:
@@ -65,20 +70,27 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
     The longest prompt (separator included) plus ``max_new_tokens`` must fit the model's ``block_size``,
     so that even a left-padded static batch holds every request.
     """
-    n_requests = check_int("n_requests", n_requests, 1)
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
-        raise ValueError(f"rate must be a number of requests per second > 0, got {rate!r}")
+    check_tokenizer(tokenizer)
+    poems = _check_poems(poems)
+    n_requests = check_int("n_requests", n_requests, 1, MAX_REQUESTS)
+    rate = check_real("rate", rate, 0, open_min=True, allowed="a finite number of requests per second > 0")
+    seed = check_seed(seed)
     if (not isinstance(prompt_chars, tuple) or len(prompt_chars) != 2
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in prompt_chars)
-            or not 1 <= prompt_chars[0] <= prompt_chars[1]):
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in prompt_chars)):
+        raise TypeError(f"prompt_chars must be a pair of ints (shortest, longest), got {prompt_chars!r:.60}")
+    if not 1 <= prompt_chars[0] <= prompt_chars[1]:
         raise ValueError(f"prompt_chars must be a pair of ints (shortest, longest) with 1 <= shortest <= longest, "
                          f"got {prompt_chars!r}")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    block_size = check_int("block_size", block_size, 2)
     if prompt_chars[1] + 1 + max_new_tokens > block_size:
         raise ValueError(f"prompts of up to {prompt_chars[1]} characters (+ the separator) and max_new_tokens="
                          f"{max_new_tokens} need {prompt_chars[1] + 1 + max_new_tokens} positions; the block holds "
                          f"{block_size}")
     lo, hi = prompt_chars
+    if not any(len(p) >= lo + 4 and plain(p) and not tokenizer.unknown(p) for p in poems):
+        raise ValueError(f"poems must hold at least one poem of {lo + 4} or more characters, only characters "
+                         f"and ，。, all in the tokenizer's vocabulary; none of the {len(poems)} given does")
     rng, t, trace = random.Random(seed), 0.0, []
     while len(trace) < n_requests:
         poem = poems[rng.randrange(len(poems))]
@@ -97,12 +109,21 @@ def class_trace(tokenizer, poems: list[str], prefix: str = "床前明月光，�
 
     Student ``i`` arrives ``i * gap`` seconds in and starts the third line with one of the characters
     Tang poets most often put there (the 13th character of the corpus's five-character poems), so the
-    prompts share ``prefix`` and differ after it.
+    prompts share ``prefix`` and differ after it. The class is smaller than ``n_requests`` when the
+    poems offer fewer such characters (at least one is needed).
     """
-    n_requests = check_int("n_requests", n_requests, 1)
+    check_tokenizer(tokenizer)
+    poems = _check_poems(poems)
+    check_text(prefix, "prefix")
+    n_requests = check_int("n_requests", n_requests, 1, MAX_REQUESTS)
+    answer_tokens = check_int("answer_tokens", answer_tokens, 1)
+    gap = check_real("gap", gap, 0, allowed="a finite number of seconds >= 0")
     counts = Counter(p[12] for p in poems if len(p) >= 24 and p[5] == "，" and p[11] == "。" and plain(p[12])
                      and not tokenizer.unknown(p[12]))
     starts = [ch for ch, _ in counts.most_common(n_requests)]
+    if not starts:
+        raise ValueError(f"poems must hold at least one five-character poem (24 or more characters) whose third "
+                         f"line starts with a character of the vocabulary; none of the {len(poems)} given does")
     return [Request(i, encode_prompt(tokenizer, prefix + c), answer_tokens, round(i * gap, 6))
             for i, c in enumerate(starts)]
 
@@ -175,17 +196,22 @@ class Engine:
     def __init__(self, model: GPT, num_blocks: int, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 1024, watermark: float = 0.05, enable_prefix_caching: bool = False,
                  clock: Clock | None = None):
+        check_model(model)
         self.model = model
         block = model.config.block_size
+        block_size = check_int("block_size", block_size, 1, block, f"an int in [1, {block}] (the model's block size at most)")
+        enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        if clock is not None and not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "wait_until", None))):
+            raise TypeError(f"clock must be None or have now() and wait_until(t) (a kvlib.serving.Clock), "
+                            f"got {type(clock).__name__}")
         num_blocks = check_int("num_blocks", num_blocks, ceil_div(block, block_size), None,
                                f"an int >= {ceil_div(block, block_size)}: the pool must hold one sequence of "
                                f"{block} tokens")
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, block, None,
                                                 f"an int >= the block size {block}")
-        if not isinstance(watermark, (int, float)) or isinstance(watermark, bool) or not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be the share of blocks kept free at admission, a number in [0, 1), "
-                             f"got {watermark!r}")
+        watermark = check_real("watermark", watermark, 0, 1, open_max=True,
+                               allowed="the share of blocks kept free at admission, a number in [0, 1)")
         self.watermark_blocks = int(watermark * num_blocks)
         p = model.lm_head.weight
         self.cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
@@ -202,6 +228,11 @@ class Engine:
         """Queue a request; refused (and nothing queued) if it cannot fit the model or repeats an id."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be a kvlib.serving.Request, got {type(request).__name__}")
+        with one_at_a_time(self._stepping, "Engine.add"):
+            self._add(request)
+
+    def _add(self, request: Request) -> None:
+        request.__post_init__()  # again: its fields may have been changed since it was made
         cfg = self.model.config
         total = len(request.prompt) + request.max_new_tokens
         if total > cfg.block_size:
@@ -263,6 +294,9 @@ class Engine:
             raise RuntimeError("Engine.step is already running (in another thread); an Engine is not "
                                "thread-safe: give each thread its own, or step it from one thread")
         try:
+            if not self.has_work:
+                raise RuntimeError("Engine.step has no work: every request is finished (or none was added); "
+                                   "check has_work first")
             return self._step()
         finally:
             self._stepping.release()
@@ -277,6 +311,14 @@ class Engine:
             for seq in admitted:
                 cached = self.cache.add_sequence(seq.id, seq.tokens)
                 new.append(seq.tokens[cached:])
+            try:
+                logits = self.cache.forward(self.model, [s.id for s in admitted], new)
+            except BaseException:  # interrupted: the admitted wait again, at the head of the queue, as before
+                for seq in admitted:
+                    self.cache.free(seq.id)
+                self.waiting.extendleft(reversed(admitted))
+                raise
+            for seq in admitted:
                 seq.state = "running"
             self.running.extend(admitted)
         elif self.running:
@@ -289,7 +331,8 @@ class Engine:
             record = StepRecord("idle", self.clock.now(), [])
             self.history.append(record)
             return record
-        logits = self.cache.forward(self.model, [s.id for s in seqs], new)
+        if kind == "decode":
+            logits = self.cache.forward(self.model, [s.id for s in seqs], new)
         computed = sum(len(t) for t in new)
         now = self.clock.now()
         retired = []
@@ -350,6 +393,31 @@ class RunResult:
         return [self.first_token[i] - self.arrival[i] for i in sorted(self.first_token)]
 
 
+def _check_requests(requests) -> list[Request]:
+    """A non-empty list of Requests with distinct ids."""
+    requests = check_list("requests", requests, Request, "kvlib.serving.Request objects")
+    seen = set()
+    for i, r in enumerate(requests):
+        r.__post_init__()
+        if r.id in seen:
+            raise ValueError(f"requests[{i}] repeats the id {r.id}; ids must be unique")
+        seen.add(r.id)
+    return requests
+
+
+def _check_fits(model, requests: list[Request]) -> None:
+    """Every request fits the model's block and vocabulary (what Engine.add checks, for the static runs)."""
+    cfg = model.config
+    for i, r in enumerate(requests):
+        total = len(r.prompt) + r.max_new_tokens
+        if total > cfg.block_size:
+            raise ValueError(f"requests[{i}] (id {r.id}): prompt ({len(r.prompt)} tokens) + max_new_tokens "
+                             f"({r.max_new_tokens}) = {total}; allowed is at most the model's block of {cfg.block_size}")
+        if max(r.prompt) >= cfg.vocab_size:
+            raise ValueError(f"requests[{i}] (id {r.id}): prompt holds token id {max(r.prompt)}; allowed are ids "
+                             f"in [0, {cfg.vocab_size})")
+
+
 def _result(name: str, requests: list[Request]) -> RunResult:
     return RunResult(name, {}, {r.id: r.arrival for r in requests}, {}, {})
 
@@ -357,6 +425,9 @@ def _result(name: str, requests: list[Request]) -> RunResult:
 def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None,
                    **engine_options) -> RunResult:
     """Serve the trace with the :class:`Engine`; ``on_step(engine, record)`` after every step."""
+    requests = _check_requests(requests)
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be None or a function (engine, record), got {type(on_step).__name__}")
     engine = Engine(model, num_blocks, **engine_options)
     for r in sorted(requests, key=lambda r: r.arrival):
         engine.add(r)
@@ -410,6 +481,9 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) 
 
 def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8) -> RunResult:
     """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests."""
+    check_model(model)
+    requests = _check_requests(requests)
+    _check_fits(model, requests)
     batch_size = check_int("batch_size", batch_size, 1)
     clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
     queue = deque(sorted(requests, key=lambda r: r.arrival))
@@ -429,6 +503,9 @@ def run_one_at_a_time(model: GPT, requests: list[Request]) -> RunResult:
     return out
 
 
+MAX_PARALLEL = 1024  # continuations of one prompt
+
+
 @torch.inference_mode()
 def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
                     top_k: int | None = 40, seed: int = 0, block_size: int = BLOCK_SIZE,
@@ -441,8 +518,22 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     own. The full blocks stay shared to the end. ``banned`` token ids are never drawn
     (the poem separator, say, to keep every continuation inside the poem).
     """
-    n = check_int("n", n, 1)
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size - len(prompt))
+    check_model(model)
+    cfg = model.config
+    prompt = check_id_list("prompt", prompt, cfg.vocab_size, max_len=cfg.block_size - 1)
+    n = check_int("n", n, 1, MAX_PARALLEL)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, cfg.block_size - len(prompt),
+                               f"an int in [1, {cfg.block_size - len(prompt)}] for a {len(prompt)}-token prompt "
+                               f"and block size {cfg.block_size}")
+    temperature, top_k, _ = check_sampling(temperature, top_k, None)
+    seed = check_seed(seed)
+    block_size = check_int("block_size", block_size, 1, cfg.block_size,
+                           f"an int in [1, {cfg.block_size}] (the model's block size at most)")
+    if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
+        raise TypeError(f"banned must be a tuple of token ids, got {banned!r:.60}")
+    banned = tuple(sorted(set(check_id_list("banned", list(banned), cfg.vocab_size, min_len=0))))
+    if len(banned) >= cfg.vocab_size:
+        raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
     need = n * ceil_div(len(prompt) + max_new_tokens, block_size)
     cache = PagedKVCache(model.config, need, block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)

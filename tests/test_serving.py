@@ -115,8 +115,9 @@ def test_engine_settings_are_checked(shipped_char):
         Engine(model, 7)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Engine(model, 8, max_num_batched_tokens=64)
-    for bad in (-0.1, 1.0, float("nan"), "0.1", True):
-        with pytest.raises(ValueError, match=r"watermark must be .* in \[0, 1\), got"):
+    for bad, error in ((-0.1, ValueError), (1.0, ValueError), (float("nan"), ValueError), ("0.1", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match=r"watermark must be .* in \[0, 1\), got"):
             Engine(model, 8, watermark=bad)
 
 

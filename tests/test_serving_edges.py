@@ -14,7 +14,7 @@ from kvlib.serving import Engine, Request
     ((-1, [1, 2], 3), "id"),
     ((0, [], 3), "prompt"),
     ((0, "春风", 3), "prompt"),
-    ((0, [1, -2], 3), "prompt token"),
+    ((0, [1, -2], 3), r"prompt\[1\]"),
     ((0, [1, 2], 0), "max_new_tokens"),
     ((0, [1, 2], 3, float("nan")), "arrival"),
     ((0, [1, 2], 3, -1.0), "arrival"),

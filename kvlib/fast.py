@@ -41,13 +41,14 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError
+from .checks import ContextLimitError, check_int, check_model, one_at_a_time
 from .model import GPT, KVCache
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "StepWeights", "step_weights"]
 
 SQRT_HALF = math.sqrt(0.5)
 MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
+MAX_CACHE_ELEMENTS = 2**31  # keys and values of a decoder's cache, at most
 
 
 def _copy(*params: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -139,7 +140,10 @@ class FastDecoder:
 
     @torch.inference_mode()
     def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
+        check_model(model)
         cfg = model.config
+        top = max(1, MAX_CACHE_ELEMENTS // (2 * cfg.n_layer * cfg.n_embd * cfg.block_size))
+        check_int("batch_size", batch_size, 1, top, f"an int in [1, {top}] (a cache of at most 2**31 numbers)")
         probe = KVCache(cfg, batch_size, max_len, device="meta")  # checks batch_size and max_len, allocates nothing
         B = batch_size
         weight = model.transformer.wte.weight
@@ -157,12 +161,19 @@ class FastDecoder:
 
         self._buffers = {1: _StepBuffers(B, 1, cfg, like)}         # per T: the step's buffers
         self._causal = None                                          # (max_len, max_len), on first T > 1
+        self._lock = threading.Lock()                                # one call at a time: see __call__
 
     def __call__(self, idx: torch.Tensor, key_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if not torch.is_inference_mode_enabled():
-            with torch.inference_mode():
-                return self(idx, key_mask, position_ids)
+        """The logits after the new tokens ``idx``; one thread at a time (a second call while one runs
+        raises RuntimeError). A call that raises leaves the cache as it was."""
+        with one_at_a_time(self._lock, "FastDecoder.__call__"):
+            if not torch.is_inference_mode_enabled():
+                with torch.inference_mode():
+                    return self._call(idx, key_mask, position_ids)
+            return self._call(idx, key_mask, position_ids)
+
+    def _call(self, idx, key_mask, position_ids) -> torch.Tensor:
         T = self._check(idx)
         if T == 1 and key_mask is None and position_ids is None:
             return self._step(idx, every=False)
@@ -172,18 +183,33 @@ class FastDecoder:
     def extend(self, idx: torch.Tensor) -> torch.Tensor:
         """Append ``idx`` (B, T) to the cache in one pass; (B, T, V): the logits after every new token.
 
-        The lean step for T <= ``MAX_STEP_TOKENS``, ``GPT.forward`` for longer chunks.
+        The lean step for T <= ``MAX_STEP_TOKENS``, ``GPT.forward`` for longer chunks. One thread at a time.
         """
-        if not torch.is_inference_mode_enabled():
-            with torch.inference_mode():
-                return self.extend(idx)
+        with one_at_a_time(self._lock, "FastDecoder.extend"):
+            if not torch.is_inference_mode_enabled():
+                with torch.inference_mode():
+                    return self._extend(idx)
+            return self._extend(idx)
+
+    def _extend(self, idx: torch.Tensor) -> torch.Tensor:
         T = self._check(idx)
         if T <= MAX_STEP_TOKENS:
             return self._step(idx, every=True).view(self.batch_size, T, -1)
         return self.model(idx, cache=self.cache)[0]
 
     def _check(self, idx: torch.Tensor) -> int:
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+            got = f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {got}")
         B, T = idx.shape
+        if T == 0:
+            raise ValueError(f"idx must hold at least one new token per row, got shape {tuple(idx.shape)}")
+        V = self.config.vocab_size
+        lo, hi = (int(v) for v in idx.aminmax())
+        if lo < 0 or hi >= V:
+            raise ValueError(f"idx holds token ids {lo}..{hi}; allowed are ids in [0, {V}) (the model's vocabulary)")
+        if idx.device != self.kv.device:
+            raise ValueError(f"idx is on {idx.device} but the decoder's cache is on {self.kv.device}")
         start = self.cache.length
         if B != self.batch_size:
             raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")

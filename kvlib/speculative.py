@@ -24,12 +24,14 @@ Batch size 1: in a batch, rows accept different numbers of tokens and their cach
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError, check_generate_inputs, check_int
+from .checks import (ContextLimitError, check_bool, check_choice, check_generate_inputs, check_generator,
+                     check_id_list, check_int, check_model, check_real, check_sampling, one_at_a_time)
 from .decoding import GenerationResult
 from .fast import FastDecoder
 from .model import GPT
@@ -71,6 +73,19 @@ class NgramDraft(Draft):
 
     def __init__(self, trigram: dict[int, int], bigram: dict[int, int], fallback: int, vocab_size: int,
                  lookup: bool = False):
+        vocab_size = check_int("vocab_size", vocab_size, 1)
+        fallback = check_int("fallback", fallback, 0, vocab_size - 1)
+        lookup = check_bool("lookup", lookup)
+        for name, table, keys in (("trigram", trigram, vocab_size * vocab_size), ("bigram", bigram, vocab_size)):
+            if not isinstance(table, dict):
+                raise TypeError(f"{name} must be a dict of int context -> int token id, got {type(table).__name__}")
+            if table:
+                for what, xs, top in (("context", table.keys(), keys), ("token id", table.values(), vocab_size)):
+                    if not all(isinstance(x, int) and not isinstance(x, bool) for x in xs):
+                        raise TypeError(f"{name} must map int contexts to int token ids, got a {what} that is not an int")
+                    if min(xs) < 0 or max(xs) >= top:
+                        raise ValueError(f"{name} holds a {what} outside [0, {top}): allowed are ids of a vocabulary "
+                                         f"of {vocab_size}")
         self.trigram, self.bigram, self.fallback, self.vocab_size = trigram, bigram, fallback, vocab_size
         self.lookup = lookup
         if lookup:
@@ -87,6 +102,7 @@ class NgramDraft(Draft):
         Text repeats itself (a refrain, a greedy loop): the counts of the text so far can beat the
         corpus's. Large systems use the same trick as "prompt lookup" drafting.
         """
+        seq = check_id_list("seq", seq, min_len=0)
         a, b = seq[-2:] if len(seq) > 1 else (None, None)
         for j in range(len(seq) - 3, -1, -1):
             if seq[j] == a and seq[j + 1] == b:
@@ -96,8 +112,16 @@ class NgramDraft(Draft):
     @classmethod
     def from_ids(cls, ids, vocab_size: int) -> "NgramDraft":
         """Build the tables from one long sequence of token ids (e.g. the training poems, encoded)."""
-        V = check_int("vocab_size", vocab_size, 1)
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        V = check_int("vocab_size", vocab_size, 1, 2**31, "an int in [1, 2**31]")
+        if isinstance(ids, (str, bytes, dict, set)) or not (isinstance(ids, torch.Tensor) or hasattr(ids, "__len__")):
+            raise TypeError(f"ids must be a list or 1-D integer tensor of token ids, got {type(ids).__name__}")
+        try:
+            ids = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError("ids must be a list or 1-D integer tensor of token ids (ints)") from None
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be int token ids, got a {ids.dtype} tensor")
+        ids = ids.long()
         if ids.dim() != 1 or len(ids) < 3:
             raise ValueError(f"ids must be a 1-D sequence of at least 3 token ids, got shape {tuple(ids.shape)}")
         if int(ids.min()) < 0 or int(ids.max()) >= V:
@@ -120,6 +144,9 @@ class NgramDraft(Draft):
 
     def next_token(self, a: int | None, b: int) -> int:
         """The guess after ``a, b`` (``a`` None: only one token known)."""
+        top = self.vocab_size - 1
+        a = None if a is None else check_int("a", a, 0, top, f"None or a token id in [0, {top}]")
+        b = check_int("b", b, 0, top)
         if a is not None:
             c = self.trigram.get(a * self.vocab_size + b)
             if c is not None:
@@ -127,6 +154,7 @@ class NgramDraft(Draft):
         return self.bigram.get(b, self.fallback)
 
     def propose(self, tokens, gamma, settings=(0.0, None, None), generator=None):
+        tokens, gamma, _ = _check_propose(tokens, gamma, settings, generator, self.vocab_size)
         seq = list(tokens)
         for _ in range(gamma):
             c = self.copied(seq) if self.lookup else None
@@ -136,6 +164,20 @@ class NgramDraft(Draft):
         return seq[len(tokens):], None
 
 
+MAX_GAMMA = 1024  # guesses a round: more is a typo (a round's guesses must also fit the block)
+
+
+def _check_propose(tokens, gamma, settings, generator, vocab_size: int):
+    """What a draft's ``propose`` is given: ids so far, a number of guesses, sampler settings, a generator."""
+    tokens = check_id_list("tokens", tokens, vocab_size)
+    gamma = check_int("gamma", gamma, 0, MAX_GAMMA)
+    if not isinstance(settings, (tuple, list)) or len(settings) != 3:
+        raise TypeError(f"settings must be a tuple (temperature, top_k, top_p), got {settings!r:.60}")
+    settings = check_sampling(*settings)
+    check_generator(generator)
+    return tokens, gamma, settings
+
+
 class NeuralDraft(Draft):
     """A small GPT with the target's tokenizer, decoding on the fast path with its own cache.
 
@@ -143,11 +185,17 @@ class NeuralDraft(Draft):
     new ``tokens`` share with them, moves the cache's ``length`` back to it (that drops the keys of
     rejected guesses), feeds the rest, then steps γ times. After a fully accepted round that is two
     tokens to feed (the last guess and the bonus), after a rejection one (the correction).
+
+    Its guesses must fit its own block: ``propose`` returns fewer than ``gamma`` (none at all when
+    ``tokens`` fill it) rather than go past it, as the :class:`Draft` contract ("up to gamma") allows.
     """
 
     name = "neural"
 
     def __init__(self, model: GPT, name: str | None = None):
+        check_model(model)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be None or a non-empty str, got {name!r:.60}")
         self.model = model
         self.decoder = FastDecoder(model, 1, model.config.block_size)
         self.fed: list[int] = []  # the tokens whose keys and values are in the cache, in order
@@ -156,22 +204,27 @@ class NeuralDraft(Draft):
 
     def _feed(self, new: list[int]) -> torch.Tensor:
         """Append ``new`` to the cache; the (V,) logits after the last of them."""
-        self.fed += new
         if len(new) > 3:  # a prompt: one forward over the chunk
-            return self.decoder(torch.tensor([new]))[0]
+            logits = self.decoder(torch.tensor([new]))
+            self.fed += new
+            return logits[0]
         for t in new:     # a few tokens: the lean one-token step is cheaper than a chunk forward
             logits = self.decoder(torch.tensor([[t]]))
+            self.fed.append(t)  # only once its keys are in the cache
         return logits[0]
 
     @torch.inference_mode()
     def propose(self, tokens, gamma, settings=(0.0, None, None), generator=None):
+        tokens, gamma, settings = _check_propose(tokens, gamma, settings, generator, self.model.config.vocab_size)
+        gamma = min(gamma, self.decoder.max_len - len(tokens) + 1)  # what fits in the draft's block (see above)
+        if gamma <= 0:
+            return [], None
         keep = 0
         limit = min(len(self.fed), len(tokens) - 1)  # feed at least one token: its logits come next
         while keep < limit and self.fed[keep] == tokens[keep]:
             keep += 1
         self.fed = self.fed[:keep]
         self.decoder.cache.truncate(keep)            # the roll-back: later slots will be overwritten
-        gamma = min(gamma, self.decoder.max_len - len(tokens) + 1)  # what fits in the draft's block
         logits = self._feed(list(tokens[keep:]))
         temperature = settings[0]
         out, qs = [], []
@@ -196,6 +249,17 @@ def accept_greedy(drafted: list[int], target_logits: torch.Tensor) -> tuple[int,
     Keep d_i while it is the target's argmax after the tokens before it; the token that follows is
     the target's argmax at the first disagreement (the correction) or after the last guess (the bonus).
     """
+    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 2 or not target_logits.is_floating_point():
+        got = (f"a {target_logits.dtype} tensor of shape {tuple(target_logits.shape)}"
+               if isinstance(target_logits, torch.Tensor) else type(target_logits).__name__)
+        raise TypeError(f"target_logits must be a floating tensor of shape (n + 1, V), got {got}")
+    n_rows, V = target_logits.shape
+    drafted = check_id_list("drafted", drafted, V, min_len=0)
+    if n_rows != len(drafted) + 1 or V == 0:
+        raise ValueError(f"target_logits must have shape (n + 1, V) = ({len(drafted) + 1}, V >= 1) for "
+                         f"{len(drafted)} drafted tokens, got {tuple(target_logits.shape)}")
+    if bool(target_logits.isnan().any()):
+        raise ValueError("target_logits must hold no NaN: allowed are finite values and -inf for banned tokens")
     choice = target_logits.argmax(dim=-1).tolist()                   # the target's greedy token after each prefix
     n = 0
     while n < len(drafted) and drafted[n] == choice[n]:
@@ -211,6 +275,28 @@ def accept_sampled(drafted: list[int], q: torch.Tensor | None, p: torch.Tensor,
     one-hot on each guess). At the first rejection the next token is drawn from max(0, p_i − q_i),
     normalised; when all n are kept, the bonus token is drawn from p_n.
     """
+    if not isinstance(p, torch.Tensor) or p.dim() != 2 or not p.is_floating_point():
+        got = f"a {p.dtype} tensor of shape {tuple(p.shape)}" if isinstance(p, torch.Tensor) else type(p).__name__
+        raise TypeError(f"p must be a floating tensor of shape (n + 1, V), got {got}")
+    V = p.shape[1]
+    drafted = check_id_list("drafted", drafted, V, min_len=0)
+    n = len(drafted)
+    if p.shape[0] != n + 1 or V == 0:
+        raise ValueError(f"p must have shape (n + 1, V) = ({n + 1}, V >= 1) for {n} drafted tokens, got {tuple(p.shape)}")
+    check_generator(generator)
+    for name, t in (("p", p), ("q", q)):
+        if t is None:
+            continue
+        if name == "q":
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
+                got = f"a {t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"q must be None or a floating tensor of shape (n, V), got {got}")
+            if t.shape[0] < n or t.shape[1] != V:
+                raise ValueError(f"q must have shape (n, V) = ({n}, {V}), got {tuple(t.shape)}")
+            t = t[:n]
+        if t.numel() and (not bool(torch.isfinite(t).all()) or float(t.min()) < 0
+                          or bool(((t.sum(-1) - 1).abs() > 1e-3).any())):
+            raise ValueError(f"{name} must hold probability distributions: finite, >= 0, each row summing to 1")
     for i, d in enumerate(drafted):
         q_i = F.one_hot(torch.tensor(d), p.shape[-1]).to(p.dtype) if q is None else q[i]
         u = float(torch.rand((), generator=generator))
@@ -225,6 +311,8 @@ def accept_sampled(drafted: list[int], q: torch.Tensor | None, p: torch.Tensor,
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     """(1 − α^(γ+1)) / (1 − α): tokens per target call when each guess is kept with probability α."""
+    alpha = check_real("alpha", alpha, 0, 1, allowed="a probability, a finite number in [0, 1]")
+    gamma = check_int("gamma", gamma, 0)
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
@@ -288,16 +376,32 @@ class SpeculativeDecoder:
     def __init__(self, model: GPT, draft: Draft, idx: torch.Tensor, max_new_tokens: int, *, gamma: int = 4,
                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None, eos_id: int | None = None, banned=()):
+        check_model(model)
+        check_int("max_new_tokens", max_new_tokens, 0)
+        if eos_id is not None:
+            check_int("eos_id", eos_id, 0, model.config.vocab_size - 1,
+                      f"None or a token id in [0, {model.config.vocab_size - 1}]")
         _, self.settings = check_generate_inputs(model, idx, max_new_tokens, None, eos_id, "stop", generator,
                                                  temperature, top_k, top_p)
-        self.banned = sorted({check_int("banned token id", t, 0, model.config.vocab_size - 1) for t in banned})
+        if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
+            raise TypeError(f"banned must be a list of token ids, got {banned!r:.60}")
+        self.banned = sorted(set(check_id_list("banned", list(banned), model.config.vocab_size, min_len=0)))
+        if len(self.banned) >= model.config.vocab_size:
+            raise ValueError(f"banned must leave at least one token to write, got all {model.config.vocab_size} ids")
         if idx.shape[0] != 1:
             raise ValueError(f"idx must hold one prompt (batch size 1) for speculative decoding, got "
                              f"{idx.shape[0]} rows: in a batch, rows keep different numbers of guesses")
         if not isinstance(draft, Draft):
             raise TypeError(f"draft must be a kvlib.speculative.Draft (NgramDraft, NeuralDraft), got "
                             f"{type(draft).__name__}")
-        self.gamma = check_int("gamma", gamma, 1)
+        V = model.config.vocab_size
+        draft_v = draft.model.config.vocab_size if isinstance(draft, NeuralDraft) else getattr(draft, "vocab_size", V)
+        if draft_v != V:
+            raise ValueError(f"draft has a vocabulary of {draft_v} ids but the model has {V}: a draft must share "
+                             f"the target's tokenizer")
+        block = model.config.block_size
+        self.gamma = check_int("gamma", gamma, 1, block, f"an int in [1, {block}] (the model's block size at most)")
+        self._lock = threading.Lock()
         self.model, self.draft, self.generator, self.eos_id = model, draft, generator, eos_id
         self.prompt_length = idx.shape[1]
         self.tokens: list[int] = idx[0].tolist()
@@ -320,6 +424,21 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def round(self) -> Round:
+        """One round; near the end of ``max_new_tokens`` or the block, fewer than ``gamma`` guesses are
+        asked for (only those that can still be written). All or nothing: a round that raises leaves the
+        tokens, the rounds, the target's cache and the generator as they were. One thread at a time."""
+        with one_at_a_time(self._lock, "SpeculativeDecoder.round"):
+            length = self.target.cache.length
+            state = self.generator.get_state() if self.generator is not None else None
+            try:
+                return self._round()
+            except BaseException:
+                self.target.cache.truncate(length) if self.target.cache.length > length else None
+                if state is not None:
+                    self.generator.set_state(state)
+                raise
+
+    def _round(self) -> Round:
         if self.done:
             raise RuntimeError(f"decoding has stopped ({self.stop_reason}): start a new SpeculativeDecoder")
         N = len(self.tokens)
@@ -332,6 +451,7 @@ class SpeculativeDecoder:
             drafted = next((drafted[:i] for i, t in enumerate(drafted) if t in self.banned), drafted)
         if q is not None:
             q = q[: len(drafted)]
+        drafted = check_id_list("the draft's guesses", drafted, self.model.config.vocab_size, min_len=0)
         assert self.target.cache.length == N - 1
         logits = self.target.extend(torch.tensor([self.tokens[-1:] + drafted]))[0]  # (n + 1, V), one pass
         if self.banned:
@@ -373,8 +493,7 @@ def speculative_generate(model: GPT, draft: Draft, idx: torch.Tensor, max_new_to
     its distribution (not the same draws: the random numbers are used differently). The result is a
     ``GenerationResult`` with the rounds added (``alpha``, ``tokens_per_call``).
     """
-    if on_context_limit not in ("stop", "raise"):
-        raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
+    check_choice("on_context_limit", on_context_limit, ("stop", "raise"))
     dec = SpeculativeDecoder(model, draft, idx, max_new_tokens, gamma=gamma, temperature=temperature,
                              top_k=top_k, top_p=top_p, generator=generator, eos_id=eos_id)
     while not dec.done:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import ContextLimitError, check_int, check_sampling
+from .checks import ContextLimitError, check_int, check_pair, check_sampling, check_seed, check_text, one_at_a_time
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .text import encode_prompt, without_unk
@@ -91,13 +91,16 @@ class CacheStepper:
     def __init__(self, model: GPT, tokenizer, prompt: str = "", *, temperature: float = 0.8,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 1337,
                  top: int = TOP, max_len: int | None = None):
+        check_pair(model, tokenizer)
         temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
         self.model, self.tokenizer = model, tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
+        check_text(prompt, "prompt")
         self.prompt = prompt
         self.prompt_ids = encode_prompt(tokenizer, prompt)  # the poem separator, then the prompt
-        self.seed = check_int("seed", seed)
+        self.seed = check_seed(seed)
+        self._lock = threading.Lock()
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.top = check_int("top", top, 1, tokenizer.vocab_size)
         self.max_len = check_int("max_len", model.config.block_size if max_len is None else max_len, 1,
@@ -110,7 +113,11 @@ class CacheStepper:
     # ---- decoding ---------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Empty the cache, reseed the generator and prefill the prompt again."""
+        """Empty the cache, reseed the generator and prefill the prompt again (one thread at a time)."""
+        with one_at_a_time(self._lock, "CacheStepper.reset"):
+            self._reset()
+
+    def _reset(self) -> None:
         self.generator = torch.Generator().manual_seed(self.seed)
         self.cache = self.model.new_cache(1, self.max_len)
         self.tokens = list(self.prompt_ids)
@@ -135,10 +142,12 @@ class CacheStepper:
         temperature = self.temperature if temperature is None else temperature
         top_k = self.top_k if top_k is _KEEP else top_k
         top_p = self.top_p if top_p is _KEEP else top_p
-        self.temperature, self.top_k, self.top_p = check_sampling(temperature, top_k, top_p)
-        if self.steps == 0:
-            self._shown = self._display_probs(self.logits)
-            self._shown_settings = self.settings
+        settings = check_sampling(temperature, top_k, top_p)
+        with one_at_a_time(self._lock, "CacheStepper.set_sampling"):
+            shown = probabilities(self.logits, *settings)[0] if self.steps == 0 else None
+            self.temperature, self.top_k, self.top_p = settings
+            if shown is not None:
+                self._shown, self._shown_settings = shown, settings
 
     @property
     def can_step(self) -> bool:
@@ -149,8 +158,13 @@ class CacheStepper:
         """Draw the next token from the current logits, feed it through the cache; return its id.
 
         All or nothing: if the step is interrupted (Ctrl-C, an error), the text, the cache and the
-        generator are as they were before it, so the next step draws the same token.
+        generator are as they were before it, so the next step draws the same token. One thread at a
+        time: a second thread's step while one runs raises RuntimeError.
         """
+        with one_at_a_time(self._lock, "CacheStepper.step"):
+            return self._step()
+
+    def _step(self) -> int:
         if not self.can_step:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
@@ -168,7 +182,8 @@ class CacheStepper:
         return nxt
 
     def run(self, n: int) -> list[int]:
-        """``n`` steps (fewer if the cache fills up); the ids chosen."""
+        """``n`` steps (fewer if the cache fills up: the steps stop there, by design); the ids chosen."""
+        n = check_int("n", n, 0)
         return [self.step() for _ in range(n) if self.can_step]
 
     def _display_probs(self, logits: torch.Tensor) -> torch.Tensor:

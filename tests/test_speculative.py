@@ -106,7 +106,7 @@ def test_context_limit_raises_like_generate(target, drafts):
 
 def test_bad_input_names_the_parameter(target, drafts):
     idx = torch.tensor([[1, 2]])
-    with pytest.raises(ValueError, match="gamma must be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"gamma must be an int in \[1, 16\].*, got 0"):
         speculative_generate(target, drafts["n-gram"], idx, 4, gamma=0)
     with pytest.raises(ValueError, match="batch size 1"):
         speculative_generate(target, drafts["n-gram"], torch.zeros(2, 3, dtype=torch.long), 4)

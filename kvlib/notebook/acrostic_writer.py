@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import check_choice, check_pair
 from ..constraints import acrostic, poem_lines
 from ..tokenizer import UnknownCharacterError
 from . import plots
@@ -40,9 +41,9 @@ class AcrosticView:
 def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, temperature: float = 0.8,
                   seed: int = 1337) -> AcrosticView:
     """An acrostic on ``heads`` (spaces ignored), or a message saying why none can be written."""
+    check_pair(model, tokenizer)
     heads = "".join(require_str("heads", heads).split())
-    if chars_per_line not in (5, 7) or isinstance(chars_per_line, bool):
-        raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+    check_choice("chars_per_line", chars_per_line, (5, 7))
     check_setting("temperature", temperature, 0.0, 100.0)
     check_setting("seed", seed, 0, 2**63 - 1, integer=True)
     view = AcrosticView(heads, int(chars_per_line))
@@ -69,8 +70,9 @@ class AcrosticWriter:
                  temperature: float = 0.8, seed: int = 1337):
         import ipywidgets as w
 
-        if chars_per_line not in (5, 7) or isinstance(chars_per_line, bool):
-            raise ValueError(f"chars_per_line must be 5 or 7, got {chars_per_line!r}")
+        check_pair(model, tokenizer)
+        require_str("heads", heads)
+        check_choice("chars_per_line", chars_per_line, (5, 7))
         check_setting("temperature", temperature, 0.05, 1.5)
         check_setting("seed", seed, 0, 2000, integer=True)
         self.model, self.tokenizer = model, tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from ..checks import check_int
+from ..checks import check_int, check_pair, check_seed
 from ..model import GPT
 from ..stepper import CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
@@ -148,8 +148,11 @@ class StepperWidget:
                  seed: int = 1337):
         import ipywidgets as w
 
+        check_pair(model, tokenizer)
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
         check_setting("temperature", temperature, *TEMPERATURE_RANGE)
-        self.model, self.tokenizer, self.seed = model, tokenizer, check_int("seed", seed, 0)
+        self.model, self.tokenizer, self.seed = model, tokenizer, check_seed(seed)
         self.prompt_box = w.Text(value=prompt, description="prompt", continuous_update=False,
                                  style=control_style(font_size="16px"), layout=in_row(300, 240, 420))
         self.temperature = slider("float", value=temperature, min=TEMPERATURE_RANGE[0], max=TEMPERATURE_RANGE[1],

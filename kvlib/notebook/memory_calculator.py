@@ -24,10 +24,19 @@ class MemoryCalculator:
                  extra: dict[str, ModelShape] | None = None):
         import ipywidgets as w
 
+        if extra is not None and (not isinstance(extra, dict) or not all(
+                isinstance(k, str) and isinstance(v, ModelShape) for k, v in extra.items())):
+            raise TypeError(f"extra must be None or a dict of name -> ModelShape, got {extra!r:.60}")
         self.shapes = {**(extra or {}), **SHAPES}
+        for name, value in (("model", model), ("dtype", dtype)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {value!r:.60}")
         if model not in self.shapes:
             raise ValueError(f"model must be one of {', '.join(self.shapes)}, got {model!r}")
         check_setting("batch", batch, 1, 256, integer=True)
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise TypeError(f"tokens must be an int, one of the context lengths "
+                            f"{', '.join(f'{c:,}' for c in self.CONTEXTS)}, got {tokens!r:.60}")
         if tokens not in self.CONTEXTS:
             raise ValueError(f"tokens must be one of the context lengths {', '.join(f'{c:,}' for c in self.CONTEXTS)}, "
                              f"got {tokens!r}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..checks import check_int, check_pair
 from ..text import top_next
 from ..tokenizer import UnknownCharacterError
 from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
@@ -28,7 +29,9 @@ class NextView:
 
 def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
     """The ``k`` most likely next characters after ``text`` (a poem's opening); unknown characters give a message."""
+    check_pair(model, tokenizer)
     text = require_str("text", text).strip()
+    k = check_int("k", k, 1, tokenizer.vocab_size, f"an int in [1, {tokenizer.vocab_size}] (the vocabulary size)")
     try:
         pairs = top_next(model, tokenizer, text, k)
     except UnknownCharacterError as err:
@@ -42,6 +45,8 @@ class PromptBox:
     def __init__(self, model, tokenizer, text: str = "春风", k: int = 8):
         import ipywidgets as w
 
+        check_pair(model, tokenizer)
+        require_str("text", text)
         check_setting("k", k, 3, 20, integer=True)
         self.model, self.tokenizer = model, tokenizer
         self.prompt = w.Text(value=text, description="prompt", continuous_update=False,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import check_pair
 from ..decoding import generate
 from ..sampling import probabilities
 from ..text import encode_prompt, no_unk, unk_ids
@@ -83,8 +84,15 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     written for people. The poem does not stop at the poem separator: when one poem ends, the next
     begins on a new line.
     """
+    check_pair(model, tokenizer)
     prompt = require_str("prompt", prompt).strip()
     block = model.config.block_size
+    if top_k is not None:
+        check_setting("top_k", top_k, 0, tokenizer.vocab_size, integer=True)
+    if top_p is not None:
+        check_setting("top_p", top_p, 0.0, 1.0)
+        if not top_p > 0:
+            raise ValueError(f"top_p must be a number in (0, 1] (1 or None: no top-p), got {top_p!r}")
     check_setting("n_chars", n_chars, 1, block, integer=True)
     check_setting("n_bars", n_bars, 1, min(100, tokenizer.vocab_size), integer=True)
     check_setting("seed", seed, 0, 2**63 - 1, integer=True)
@@ -152,6 +160,10 @@ class SliderExplorer:
                                                  ("top_k", top_k, 0, 100, True), ("top_p", top_p, 0.05, 1.0, False),
                                                  ("seed", seed, 0, 99, True)):
             check_setting(name, value, low, high, integer)
+        check_pair(model, tokenizer)
+        require_str("prompt", prompt)
+        check_setting("n_chars", n_chars, 1, model.config.block_size, integer=True)
+        check_setting("n_bars", n_bars, 1, min(100, tokenizer.vocab_size), integer=True)
         self.model, self.tokenizer, self.n_chars = model, tokenizer, n_chars
         common = dict(continuous_update=False, layout=in_column(460))
         self.prompt = w.Text(value=prompt, description="prompt", placeholder="empty: start a new poem",

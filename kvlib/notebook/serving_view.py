@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 
-from ..checks import check_int
+from ..checks import check_bool, check_int, check_model
 from ..model import GPT
 from ..paged import ceil_div
-from ..serving import Engine, Request, StepRecord
+from ..serving import Engine, Request, StepRecord, _check_requests
 from .show import FONT, LiveWidget, display, error_message, frame, message_html, row
 
 STATE_COLORS = {
@@ -123,6 +123,9 @@ class ServingView:
                  max_num_seqs: int = 8, enable_prefix_caching: bool = True, start_steps: int = 0):
         import ipywidgets as w
 
+        check_model(model)
+        requests = _check_requests(requests)
+        check_bool("enable_prefix_caching", enable_prefix_caching)
         self.model, self.requests = model, requests
         self.options = dict(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                             enable_prefix_caching=enable_prefix_caching)

@@ -11,7 +11,7 @@ import html
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_int, check_pair
 from ..speculative import Draft, Round, SpeculativeDecoder
 from ..text import encode_prompt, unk_ids
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, error_message, frame, html_label,
@@ -59,8 +59,18 @@ class SpeculativeView:
                  gamma: int = 4, max_new_tokens: int = 48, start_rounds: int = 3):
         import ipywidgets as w
 
+        check_pair(model, tokenizer)
+        if not isinstance(drafts, dict):
+            raise TypeError(f"drafts must be a dict of name -> Draft, e.g. {{'n-gram': NgramDraft(...)}}, "
+                            f"got {type(drafts).__name__}")
         if not drafts:
             raise ValueError("drafts must name at least one draft, e.g. {'n-gram': NgramDraft(...)}")
+        for name, d in drafts.items():
+            if not isinstance(name, str) or not isinstance(d, Draft):
+                raise TypeError(f"drafts must map str names to kvlib.speculative.Draft objects, got "
+                                f"{name!r:.40}: {type(d).__name__}")
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
         check_setting("gamma", gamma, 1, 8, integer=True)
         self.model, self.tokenizer, self.drafts = model, tokenizer, drafts
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size)

@@ -309,7 +309,7 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
             f"to the last {config.block_size} tokens")
     if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.block_size:
         raise ContextLimitError(
-            f"position id {int(position_ids.max())} is past the block size {config.block_size}")
+            f"position_ids hold position id {int(position_ids.max())}, past the block size {config.block_size}")
     if key_mask is not None and key_mask.shape != (B, S):
         raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
     if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != T
@@ -317,7 +317,7 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
         raise ValueError(f"position_ids must be an integer tensor of shape (B, T) = {(B, T)} or (1, T), got "
                          f"{_describe(position_ids)}")
     if position_ids is not None and position_ids.numel() and int(position_ids.min()) < 0:
-        raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}")
+        raise ValueError(f"position_ids must be >= 0 (position ids count from 0), got {int(position_ids.min())}")
     if targets is not None and last_only:
         raise ValueError("targets need the logits of every position: pass last_only=False to compute a loss")
     if targets is not None:
@@ -352,7 +352,7 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
     if int(idx.min()) < 0 or (vocab_size is not None and int(idx.max()) >= vocab_size):
         top = "" if vocab_size is None else f", {vocab_size}"
         hint = "" if vocab_size is None else " (the model's vocabulary: were the ids made by another model's tokenizer?)"
-        raise ValueError(f"token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}{hint}")
+        raise ValueError(f"idx: token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}{hint}")
     if key_mask is None:
         return None
     if not isinstance(key_mask, torch.Tensor) or key_mask.shape != idx.shape:
@@ -388,7 +388,7 @@ def check_generate_inputs(model, idx, max_new_tokens, key_mask, eos_id, on_conte
     check_eos(eos_id, cfg.vocab_size)
     check_weights(model)
     if idx.shape[1] > cfg.block_size:
-        raise ContextLimitError(f"the prompt has {idx.shape[1]} tokens but the model's block holds "
+        raise ContextLimitError(f"idx: the prompt has {idx.shape[1]} tokens but the model's block holds "
                                 f"{cfg.block_size}; keep the last {cfg.block_size} tokens")
     return key_mask, sampling
 

@@ -215,7 +215,7 @@ class FastDecoder:
             raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
         if start + T > self.max_len:
             raise ContextLimitError(
-                f"{T} new token(s) after {start} cached ones need {start + T} positions; the cache holds {self.max_len}")
+                f"idx: {T} new token(s) after {start} cached ones need {start + T} positions; the cache holds {self.max_len}")
         return T
 
     def _mask(self, pos: int, T: int) -> torch.Tensor | None:

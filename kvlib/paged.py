@@ -364,8 +364,8 @@ class PagedKVCache:
         if any(getattr(model.config, a) != getattr(cfg, a) for a in ("vocab_size", "n_layer", "n_head", "n_embd")):
             raise ValueError(f"model does not match this cache: the cache was made for {cfg}, got a model with "
                              f"{model.config}")
-        before = {sid: self.tables[sid].length for sid in sids} if isinstance(sids, (list, tuple)) else {}
         batch = self.batch(sids, new_tokens)
+        before = {sid: self.tables[sid].length for sid in batch.sids}  # reserving blocks stores no token
         try:
             logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
                               last_only=True)
@@ -439,9 +439,12 @@ class PagedBatch:
         layer = check_int("layer", layer, 0, cfg.n_layer - 1)
         want = (B, cfg.n_head, T, cfg.head_size)
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != pool.k.dtype:
-                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(f"{name} must be a {pool.k.dtype} tensor of shape (B, H, T, D) = {want}, got {got}")
+            if not isinstance(t, torch.Tensor) or t.dtype != pool.k.dtype:
+                got = f"a {t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name} must be a {pool.k.dtype} tensor of shape (B, H, T, D) = {want}, got {got}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must be a {pool.k.dtype} tensor of shape (B, H, T, D) = {want}, got shape "
+                                 f"{tuple(t.shape)}")
         shape = (B, S) + tuple(k.shape[1:2]) + tuple(k.shape[3:])          # (B, S, H, D)
         out = []
         for store, new in ((pool.k[layer], k), (pool.v[layer], v)):

@@ -84,7 +84,7 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     block_size = check_int("block_size", block_size, 2)
     if prompt_chars[1] + 1 + max_new_tokens > block_size:
-        raise ValueError(f"prompts of up to {prompt_chars[1]} characters (+ the separator) and max_new_tokens="
+        raise ValueError(f"prompt_chars allows prompts of up to {prompt_chars[1]} characters (+ the separator) and max_new_tokens="
                          f"{max_new_tokens} need {prompt_chars[1] + 1 + max_new_tokens} positions; the block holds "
                          f"{block_size}")
     lo, hi = prompt_chars

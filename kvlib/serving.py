@@ -10,7 +10,6 @@ a real poem), so the three ways do the same work and must write the same tokens.
 """
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import html
+import numbers
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -87,12 +88,18 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     check_pair(model, tokenizer)
     prompt = require_str("prompt", prompt).strip()
     block = model.config.block_size
-    if top_k is not None:
-        check_setting("top_k", top_k, 0, tokenizer.vocab_size, integer=True)
+    if top_k is not None:  # 0 (the slider's "off") or a count of tokens
+        rule = f"top_k must be an int >= 1 and <= the vocabulary size {tokenizer.vocab_size} (0 or None: no top-k)"
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+            raise TypeError(f"{rule}, got {top_k!r:.40}")
+        if not 0 <= top_k <= tokenizer.vocab_size:
+            raise ValueError(f"{rule}, got {top_k!r}")
     if top_p is not None:
-        check_setting("top_p", top_p, 0.0, 1.0)
-        if not top_p > 0:
-            raise ValueError(f"top_p must be a number in (0, 1] (1 or None: no top-p), got {top_p!r}")
+        rule = "top_p must be a number in (0, 1] (1 or None: no top-p)"
+        if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+            raise TypeError(f"{rule}, got {top_p!r:.40}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"{rule}, got {top_p!r}")
     check_setting("n_chars", n_chars, 1, block, integer=True)
     check_setting("n_bars", n_bars, 1, min(100, tokenizer.vocab_size), integer=True)
     check_setting("seed", seed, 0, 2**63 - 1, integer=True)

@@ -392,7 +392,7 @@ class RunResult:
         return [self.first_token[i] - self.arrival[i] for i in sorted(self.first_token)]
 
 
-def _check_requests(requests) -> list[Request]:
+def check_requests(requests) -> list[Request]:
     """A non-empty list of Requests with distinct ids."""
     requests = check_list("requests", requests, Request, "kvlib.serving.Request objects")
     seen = set()
@@ -424,7 +424,7 @@ def _result(name: str, requests: list[Request]) -> RunResult:
 def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None,
                    **engine_options) -> RunResult:
     """Serve the trace with the :class:`Engine`; ``on_step(engine, record)`` after every step."""
-    requests = _check_requests(requests)
+    requests = check_requests(requests)
     if on_step is not None and not callable(on_step):
         raise TypeError(f"on_step must be None or a function (engine, record), got {type(on_step).__name__}")
     engine = Engine(model, num_blocks, **engine_options)
@@ -481,7 +481,7 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) 
 def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8) -> RunResult:
     """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests."""
     check_model(model)
-    requests = _check_requests(requests)
+    requests = check_requests(requests)
     _check_fits(model, requests)
     batch_size = check_int("batch_size", batch_size, 1)
     clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)

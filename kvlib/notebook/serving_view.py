@@ -11,7 +11,7 @@ import html
 from ..checks import check_bool, check_int, check_model
 from ..model import GPT
 from ..paged import ceil_div
-from ..serving import Engine, Request, StepRecord, _check_requests
+from ..serving import Engine, Request, StepRecord, check_requests
 from .show import FONT, LiveWidget, display, error_message, frame, message_html, row
 
 STATE_COLORS = {
@@ -124,7 +124,7 @@ class ServingView:
         import ipywidgets as w
 
         check_model(model)
-        requests = _check_requests(requests)
+        requests = check_requests(requests)
         check_bool("enable_prefix_caching", enable_prefix_caching)
         self.model, self.requests = model, requests
         self.options = dict(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,

@@ -81,7 +81,7 @@ SEED_MAX = 2**64 - 1  # what torch.Generator.manual_seed takes
 
 def check_seed(seed, name: str = "seed") -> int:
     """A seed for ``torch.Generator().manual_seed``: an int in [0, 2**64 - 1]."""
-    return check_int(name, seed, 0, SEED_MAX, f"an int in [0, 2**64 - 1]")
+    return check_int(name, seed, 0, SEED_MAX, "an int in [0, 2**64 - 1]")
 
 
 def check_choice(name: str, value, choices) -> object:
@@ -347,8 +347,7 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
                         f"got {_describe(idx)}")
     if idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must hold at least one token in at least one row, got shape {tuple(idx.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens, 0)
     if int(idx.min()) < 0 or (vocab_size is not None and int(idx.max()) >= vocab_size):
         top = "" if vocab_size is None else f", {vocab_size}"
         hint = "" if vocab_size is None else " (the model's vocabulary: were the ids made by another model's tokenizer?)"

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
-                     check_int, check_logits, check_prompt, check_sampling, check_step_logits, check_token_lists)
+                     check_int, check_prompt, check_sampling, check_step_logits, check_token_lists)
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import draw

@@ -194,7 +194,7 @@ API_CASES = [
     # generate: prompts and lengths
     ("generate negative max_new_tokens", lambda w: generate(w.model, w.idx(), -1), ValueError,
      ["max_new_tokens", ">= 0", "got -1"]),
-    ("generate float max_new_tokens", lambda w: generate(w.model, w.idx(), 2.5), ValueError,
+    ("generate float max_new_tokens", lambda w: generate(w.model, w.idx(), 2.5), TypeError,
      ["max_new_tokens", "got 2.5"]),
     ("generate list prompt", lambda w: generate(w.model, [[0, 5, 6]], 2), TypeError,
      ["int64 tensor", r"\(B, T\)", "pad_prompts", "got list"]),
@@ -1164,7 +1164,7 @@ EDGE_CASES = [
     ("[edge] load_tokenizer of None", lambda w: load_tokenizer(None), TypeError, ["path", "NoneType"]),
     ("[edge] generate int32 prompt", lambda w: generate(w.model, w.idx().int(), 2), TypeError,
      ["int64 tensor", "torch.int32"]),
-    ("[edge] generate max_new_tokens True", lambda w: generate(w.model, w.idx(), True), ValueError,
+    ("[edge] generate max_new_tokens True", lambda w: generate(w.model, w.idx(), True), TypeError,
      ["max_new_tokens", "got True"]),
     ("[edge] generate eos -1", lambda w: generate(w.model, w.idx(), 2, eos_id=-1), ValueError, ["eos_id", "-1"]),
     ("[edge] generate unknown decoder", lambda w: generate(w.model, w.idx(), 2, decoder="turbo"), ValueError,

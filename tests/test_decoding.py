@@ -289,7 +289,7 @@ GOOD = torch.tensor([[1, 2, 3]])
 
 @pytest.mark.parametrize("args, kwargs, error, match", [
     ((GOOD, -1), {}, ValueError, "max_new_tokens"),
-    ((GOOD, 2.5), {}, ValueError, "max_new_tokens"),
+    ((GOOD, 2.5), {}, TypeError, "max_new_tokens"),
     ((GOOD.float(), 2), {}, TypeError, "idx"),
     ((GOOD[0], 2), {}, TypeError, r"\(B, T\)"),
     (([[1, 2, 3]], 2), {}, TypeError, "idx"),

@@ -504,3 +504,31 @@ def speculative_generate(model: GPT, draft: Draft, idx: torch.Tensor, max_new_to
             f"{T} prompt tokens + {max_new_tokens} new ones need {T + max_new_tokens} tokens; the "
             f"block holds {block} positions, so at most {dec.budget} new tokens fit")
     return dec.result()
+
+
+# ---- the cost model: what a round costs, from measured pieces ------------------------------------------
+# ``costs`` holds ``step_us`` (one decode step) and ``verify_us`` (a verify pass of T tokens, by T), as
+# ``kvlib.tools.spec_bench.piece_costs`` measures them; ``guess_us`` is one guess of the draft.
+
+def round_us(costs: dict, guess_us: float, gamma: int) -> float:
+    """What one round costs: γ guesses and one verify pass of γ + 1 tokens."""
+    return gamma * guess_us + costs["verify_us"][min(gamma + 1, max(costs["verify_us"]))]
+
+
+def perfect_draft_speedup(costs: dict, guess_us: float, gammas=tuple(range(1, 9))) -> float:
+    """The speed-up over plain decode steps of a draft that is always right (α = 1), at its best γ:
+    γ + 1 steps' worth of tokens a round for the price of the round."""
+    return max((g + 1) * costs["step_us"] / round_us(costs, guess_us, g) for g in gammas)
+
+
+def alpha_needed(costs: dict, guess_us: float, gamma: int, speedup: float = 1.3) -> float | None:
+    """The smallest α whose expected tokens a round, (1 − α^(γ+1)) / (1 − α), make a round ``speedup``
+    times cheaper per token than plain decode steps; None when even α = 1 cannot."""
+    need = speedup * round_us(costs, guess_us, gamma) / costs["step_us"]  # tokens a round must write
+    if need > gamma + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):  # bisection: the expected tokens grow with α
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_round(mid, gamma) < need else (lo, mid)
+    return hi

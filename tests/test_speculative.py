@@ -186,3 +186,17 @@ def test_sampled_drafts_come_with_their_distributions(target, drafts):
     assert torch.allclose(q.sum(-1), torch.ones(3)) and all(q[i, t] > 0 for i, t in enumerate(tokens))
     assert (q > 0).sum(-1).max() <= 10  # top-k applied to the draft as to the target
     assert drafts["n-gram"].propose([1, 2, 3], 3, (0.8, None, None), g)[1] is None
+
+
+def test_the_cost_model_prices_a_round_and_finds_the_alpha_a_speed_up_needs():
+    from kvlib.speculative import alpha_needed, expected_tokens_per_round, perfect_draft_speedup, round_us
+
+    costs = {"step_us": 100.0, "verify_us": {1: 100.0, 2: 110.0, 3: 120.0, 4: 130.0}}
+    assert round_us(costs, guess_us=5.0, gamma=2) == 2 * 5.0 + 120.0
+    assert round_us(costs, guess_us=0.0, gamma=8) == 130.0  # longer passes priced as the longest measured
+    # a free, always-right draft at γ = 3: 4 tokens for 130 µs against 4 steps of 100 µs
+    assert perfect_draft_speedup(costs, 0.0, gammas=(1, 2, 3)) == pytest.approx(400 / 130)
+    alpha = alpha_needed(costs, 0.0, 2, speedup=1.3)
+    assert 0 < alpha < 1
+    assert expected_tokens_per_round(alpha, 2) == pytest.approx(1.3 * 120 / 100, abs=1e-6)
+    assert alpha_needed(costs, 50.0, 1, speedup=3.0) is None  # more than γ + 1 tokens a round: out of reach

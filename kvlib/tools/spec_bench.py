@@ -23,7 +23,8 @@ import torch
 from ..decoding import generate
 from ..fast import FastDecoder
 from ..model import GPT
-from ..speculative import Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate
+from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
+                           perfect_draft_speedup, round_us, speculative_generate)
 from ..text import encode_prompt
 from ..timing import machine
 from ..timing import threads as thread_count
@@ -171,30 +172,6 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats
 
 # ---- the cost model -------------------------------------------------------------------------------
 
-def round_us(costs: dict, guess_us: float, gamma: int) -> float:
-    """What one round costs: γ guesses and one verify pass of γ + 1 tokens."""
-    return gamma * guess_us + costs["verify_us"][min(gamma + 1, max(costs["verify_us"]))]
-
-
-def perfect_draft_speedup(costs: dict, guess_us: float, gammas=GAMMAS) -> float:
-    """The speed-up over plain decode steps of a draft that is always right (α = 1), at its best γ:
-    γ + 1 steps' worth of tokens a round for the price of the round."""
-    return max((g + 1) * costs["step_us"] / round_us(costs, guess_us, g) for g in gammas)
-
-
-def alpha_needed(costs: dict, guess_us: float, gamma: int, speedup: float = TARGET_SPEEDUP) -> float | None:
-    """The smallest α whose expected tokens a round, (1 − α^(γ+1)) / (1 − α), make a round ``speedup``
-    times cheaper per token than plain decode steps; None when even α = 1 cannot."""
-    need = speedup * round_us(costs, guess_us, gamma) / costs["step_us"]  # tokens a round must write
-    if need > gamma + 1:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(40):  # bisection: the expected tokens grow with α
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens_per_round(mid, gamma) < need else (lo, mid)
-    return hi
-
-
 # ---- the benchmark --------------------------------------------------------------------------------
 
 def _hf_assisted(hf, hf_draft, idx, n, gamma):
@@ -277,7 +254,7 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
         best = min(per_gamma, key=lambda r: r["us_per_token"])
         guess = costs["guess_us"][name]
         report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"],
-                               "alpha_needed": alpha_needed(costs, guess, best["gamma"]),
+                               "alpha_needed": alpha_needed(costs, guess, best["gamma"], TARGET_SPEEDUP),
                                "perfect_draft_speedup": perfect_draft_speedup(costs, guess, gammas)}
     better = max(report_drafts, key=lambda n: report_drafts[n]["best_speedup"])
 

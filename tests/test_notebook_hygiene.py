@@ -227,3 +227,23 @@ def test_training_leaves_the_global_rng_and_threads_alone(tmp_path):
     train(cfg, poems=["{}，{}。".format(LINES[i % 12], LINES[(i + 1) % 12]) for i in range(40)], progress=False)
     assert torch.equal(torch.get_rng_state(), before)
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_source_listing_shown_is_the_installed_source(notebook):
+    """What a learner reads is what runs: each saved ``show_source`` listing equals ``inspect.getsource`` now."""
+    import html
+    import inspect
+
+    from kvlib.notebook.source import resolve
+
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    listings = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            page = "".join(out.get("data", {}).get("text/html", ""))
+            listings += re.findall(r'<details data-source="([^"]+)".*?<pre[^>]*>(.*?)</pre></details>', page, re.S)
+    shown = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert len(listings) >= shown.count("show_source("), f"{notebook.name}: run it again; a listing has no saved output"
+    stale = [name for name, code in listings if html.unescape(code) != inspect.getsource(resolve(html.unescape(name)))]
+    assert not stale, f"{notebook.name}: re-run it; these listings differ from the installed code: {stale}"

@@ -18,7 +18,7 @@ from kvlib.tools.loading import load_tokenizer
 # jobs, a parallel CI) a second thread that waits for a core makes every forward pass ~100x slower.
 torch.set_num_threads(1)
 
-SHIPPED_SHAPE = GPTConfig(vocab_size=7497)  # the char model: block 128, 4 layers, 4 heads, 128 channels
+SHIPPED_SHAPE = GPTConfig(vocab_size=7184)  # the char model: block 128, 4 layers, 4 heads, 128 channels
 TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 

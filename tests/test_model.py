@@ -9,7 +9,7 @@ import torch
 from kvlib.model import GPT, GPTConfig, KVCache, causal_mask
 from kvlib.checks import ContextLimitError
 
-CHAR_VOCAB, BPE_VOCAB = 7_497, 512
+CHAR_VOCAB, BPE_VOCAB = 7_184, 512
 
 
 @pytest.fixture(scope="module")

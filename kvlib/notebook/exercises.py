@@ -115,6 +115,17 @@ def check_top_p(fn) -> bool:
     return _check_filter(fn, top_p_filter, (0.2, 0.5, 0.9, 1.0), "p")
 
 
+def _write_with(hook, model, tokenizer, n_new: int, seed: int) -> str | None:
+    """A new poem written with the learner's hook at temperature 1, or None (said why) if the hook failed."""
+    try:
+        out = generate(model, torch.tensor([[tokenizer.eos_id]]), n_new, temperature=1.0, logits_hook=hook,
+                       generator=torch.Generator().manual_seed(seed))
+    except Exception as e:  # the learner's code: say what it raised
+        print(f"✗ seed {seed}: generate with your hook raised {type(e).__name__}: {e}")
+        return None
+    return tokenizer.decode(out.new_tokens[0].tolist())
+
+
 def check_quatrain_hook(hook, model, tokenizer, chars_per_line: int = 7, seeds=(0, 1, 2)) -> bool:
     """A logits hook for a fixed-format quatrain: ，or 。 exactly after every ``chars_per_line`` characters
     (the last one 。), no punctuation anywhere else. Run with ``generate`` from the poem separator."""
@@ -124,13 +135,9 @@ def check_quatrain_hook(hook, model, tokenizer, chars_per_line: int = 7, seeds=(
     ends = {(chars_per_line + 1) * i for i in range(1, 5)}
     passed = True
     for seed in seeds:
-        try:
-            out = generate(model, torch.tensor([[tokenizer.eos_id]]), n, temperature=1.0, logits_hook=hook,
-                           generator=torch.Generator().manual_seed(seed))
-        except Exception as e:
-            print(f"✗ seed {seed}: generate with your hook raised {type(e).__name__}: {e}")
+        poem = _write_with(hook, model, tokenizer, n, seed)
+        if poem is None:
             return False
-        poem = tokenizer.decode(out.new_tokens[0].tolist())
         wrong = [i + 1 for i, ch in enumerate(poem) if (i + 1 in ends) == is_ideograph(ch)]
         if wrong or not poem.endswith("。") or any(poem[i - 1] not in "，。" for i in ends):
             print(f"✗ seed {seed}: 「{poem}」: positions {wrong[:8] or [n]} break the form (punctuation must "
@@ -147,13 +154,9 @@ def check_no_repeat_hook(hook, model, tokenizer, seeds=(0, 1, 2), n_new: int = 4
 
     passed = True
     for seed in seeds:
-        try:
-            out = generate(model, torch.tensor([[tokenizer.eos_id]]), n_new, temperature=1.0, logits_hook=hook,
-                           generator=torch.Generator().manual_seed(seed))
-        except Exception as e:
-            print(f"✗ seed {seed}: generate with your hook raised {type(e).__name__}: {e}")
+        text = _write_with(hook, model, tokenizer, n_new, seed)
+        if text is None:
             return False
-        text = tokenizer.decode(out.new_tokens[0].tolist())
         chars = [ch for ch in text if is_ideograph(ch)]
         repeats = sorted({ch for ch in chars if chars.count(ch) > 1})
         if repeats:

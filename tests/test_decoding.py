@@ -41,7 +41,7 @@ CACHED = pytest.mark.parametrize("loop", [cached, cached_model], ids=["cached", 
 
 @CACHED
 def test_cached_loop_stops_at_the_context_limit_with_129_tokens(random_gpt, loop):
-    idx = random_prompt(120, 7497)
+    idx = random_prompt(120, 7184)
     out = loop(random_gpt, idx, 20, generator=seeded(0))
     assert out.tokens.shape == (1, 129)
     assert out.new_tokens.shape == (1, 9)
@@ -51,16 +51,16 @@ def test_cached_loop_stops_at_the_context_limit_with_129_tokens(random_gpt, loop
 
 
 def test_a_request_that_exactly_fits_is_not_a_context_stop(random_gpt):
-    out = generate(random_gpt, random_prompt(120, 7497), 9, generator=seeded(0))
+    out = generate(random_gpt, random_prompt(120, 7184), 9, generator=seeded(0))
     assert out.tokens.shape == (1, 129)
     assert out.stop_reason == "max_new_tokens"
 
 
 def test_context_limit_can_raise(random_gpt):
     with pytest.raises(ContextLimitError, match="128"):
-        generate(random_gpt, random_prompt(120, 7497), 20, generator=seeded(0), on_context_limit="raise")
+        generate(random_gpt, random_prompt(120, 7184), 20, generator=seeded(0), on_context_limit="raise")
     # Within the block nothing is raised.
-    out = generate(random_gpt, random_prompt(120, 7497), 9, generator=seeded(0), on_context_limit="raise")
+    out = generate(random_gpt, random_prompt(120, 7184), 9, generator=seeded(0), on_context_limit="raise")
     assert out.tokens.shape == (1, 129)
 
 
@@ -71,7 +71,7 @@ def test_recompute_loop_slides_to_140_tokens(random_gpt):
         windows.append(idx.clone())
         return random_gpt(idx)
 
-    idx = random_prompt(120, 7497)
+    idx = random_prompt(120, 7184)
     out = generate_uncached(f, idx, 20, block_size=128, generator=seeded(0))
     assert out.tokens.shape == (1, 140)
     assert out.new_tokens.shape == (1, 20)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from .checks import ContextLimitError, check_int, check_model, one_at_a_time
 from .model import GPT, KVCache
 
-__all__ = ["FastDecoder", "MAX_STEP_TOKENS", "StepWeights", "step_weights"]
+__all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "run_blocks", "step_weights"]
 
 SQRT_HALF = math.sqrt(0.5)
 MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
@@ -177,8 +177,20 @@ class FastDecoder:
         T = self._check(idx)
         if T == 1 and key_mask is None and position_ids is None:
             return self._step(idx, every=False)
+        if T == 1 and key_mask is not None and position_ids is not None and self._padded_ok(key_mask, position_ids):
+            return self._step(idx, every=False, key_mask=key_mask, position_ids=position_ids)
         logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
         return logits[:, -1]  # (B, V)
+
+    def _padded_ok(self, key_mask, position_ids) -> bool:
+        """A padded batch's decode step (what ``generate`` sends) goes the lean way; anything odd goes to
+        ``GPT.forward``, which checks it and says what is wrong."""
+        B, S = self.batch_size, self.cache.length + 1
+        return (isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool and key_mask.shape == (B, S)
+                and isinstance(position_ids, torch.Tensor) and position_ids.shape == (B, 1)
+                and position_ids.dtype in (torch.long, torch.int) and key_mask.device == self.kv.device
+                and position_ids.device == self.kv.device
+                and 0 <= int(position_ids.min()) and int(position_ids.max()) < self.config.block_size)
 
     def extend(self, idx: torch.Tensor) -> torch.Tensor:
         """Append ``idx`` (B, T) to the cache in one pass; (B, T, V): the logits after every new token.
@@ -229,33 +241,66 @@ class FastDecoder:
         # SDPA's fused kernel takes an additive mask; a boolean one sends it down a slower path.
         return self._causal.narrow(0, pos, T).narrow(1, 0, pos + T)
 
-    def _step(self, idx: torch.Tensor, every: bool) -> torch.Tensor:
-        """T new tokens per row after the cached ones, no padding; (B, V) logits of the last, or
-        (B * T, V) of every one. For T = 1: 10 + 11 per layer ATen calls (54 for 4)."""
+    def _step(self, idx: torch.Tensor, every: bool, key_mask: torch.Tensor | None = None,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """T new tokens per row after the cached ones; (B, V) logits of the last, or (B * T, V) of every one.
+
+        Unpadded rows (no ``key_mask``) continue from ``cache.length``: for T = 1, 10 + 11 per layer
+        ATen calls (54 for 4). A padded batch's decode step (T = 1) takes each row's own position
+        from ``position_ids`` (B, 1) and hides its padding with ``key_mask`` (B, length + 1).
+        """
         B, T = idx.shape
-        pos, shape, eps = self.cache.length, (self.config.n_embd,), self.eps
+        pos = self.cache.length
         buf = self._buffers.get(T)
         if buf is None:
             buf = self._buffers[T] = _StepBuffers(B, T, self.config, dict(device=self.kv.device, dtype=self.kv.dtype))
         at = self.positions.narrow(0, pos, T)                        # (T,): the new tokens' cache slots
-        mask = self._mask(pos, T)
+        if key_mask is None:
+            mask, where = self._mask(pos, T), self.wpe.narrow(0, pos, T)   # (T, C): positions shared by all rows
+        else:
+            mask, where = additive_mask(key_mask, self.kv.dtype), F.embedding(position_ids, self.wpe)  # (B, 1, 1, S), (B, 1, C)
+        torch.add(F.embedding(idx, self.wte), where, out=buf.x3)
         keys = self.cache.k.narrow(3, 0, pos + T).unbind(0)          # per layer: (B, H, S, D)
         values = self.cache.v.narrow(3, 0, pos + T).unbind(0)
-        x, qkv, new_kv, q, y, y1, u, erf, g, g1 = (buf.x, buf.qkv, buf.new_kv, buf.q, buf.y, buf.y1,
-                                                   buf.u, buf.erf, buf.g, buf.g1)
-        torch.add(F.embedding(idx, self.wte), self.wpe.narrow(0, pos, T), out=buf.x3)
-        # torch.layer_norm is what F.layer_norm calls, minus a Python wrapper (a microsecond a call).
-        for w, kv, k, v in zip(self.layers, self._kv, keys, values):
-            torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv, out=qkv)
-            kv.index_copy_(3, at, new_kv)                            # these tokens' keys and values, one copy
-            y.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-            x.addmm_(y1, w.w_proj1)                                  # x += y @ W + b
-            torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc, out=u)
-            torch.addcmul(u, u, torch.erf(u, out=erf), out=g)        # g = u (1 + erf(u))
-            x.addmm_(g1, w.w_out1)                                   # x += g @ W + b
+
+        def attend(layer: int) -> torch.Tensor:
+            self._kv[layer].index_copy_(3, at, buf.new_kv)           # these tokens' keys and values, one copy
+            return F.scaled_dot_product_attention(buf.q, keys[layer], values[layer], attn_mask=mask)
+
+        x = run_blocks(self.layers, buf, self.eps, attend)
         self.cache.advance(T)
         last = x if every or T == 1 else buf.x3[:, -1]               # (B * T, C) or (B, C)
-        return torch.mm(torch.layer_norm(last, shape, *self.ln_f, eps), self.head)
+        return torch.mm(torch.layer_norm(last, x.shape[1:], *self.ln_f, self.eps), self.head)
+
+
+def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, 1, S): 0 where ``key_mask`` (B, S) is True, -inf where it hides a key.
+
+    SDPA's fused kernel takes an additive mask; a boolean one sends it down a slower path.
+    """
+    B, S = key_mask.shape
+    return torch.zeros(B, 1, 1, S, dtype=dtype, device=key_mask.device).masked_fill_(
+        ~key_mask.view(B, 1, 1, S), float("-inf"))
+
+
+def run_blocks(layers: list, buf: "_StepBuffers", eps: float, attend) -> torch.Tensor:
+    """Every transformer block on the residual stream ``buf.x`` (R, C), in place; returns it.
+
+    ``attend(layer)`` stores the layer's new keys and values (in ``buf.qkv``) wherever its cache
+    keeps them and returns the attention output (B, H, T, D) over all of a row's keys: the one
+    place where the fast decoder's cache and the paged cache differ.
+    """
+    x, qkv, y, y1, u, erf, g, g1 = buf.x, buf.qkv, buf.y, buf.y1, buf.u, buf.erf, buf.g, buf.g1
+    shape = x.shape[1:]
+    # torch.layer_norm is what F.layer_norm calls, minus a Python wrapper (a microsecond a call).
+    for i, w in enumerate(layers):
+        torch.addmm(w.b_qkv, torch.layer_norm(x, shape, *w.ln_1, eps), w.w_qkv, out=qkv)
+        y.copy_(attend(i))
+        x.addmm_(y1, w.w_proj1)                                      # x += y @ W + b
+        torch.addmm(w.b_fc, torch.layer_norm(x, shape, *w.ln_2, eps), w.w_fc, out=u)
+        torch.addcmul(u, u, torch.erf(u, out=erf), out=g)            # g = u (1 + erf(u))
+        x.addmm_(g1, w.w_out1)                                       # x += g @ W + b
+    return x
 
 
 class _StepBuffers:
@@ -272,9 +317,51 @@ class _StepBuffers:
         qkv = self.qkv.view(B, T, 3, H, D)
         self.q = qkv[:, :, 0].transpose(1, 2)                        # (B, H, T, D)
         self.new_kv = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)           # (2, B, H, T, D)
+        self.new_k, self.new_v = qkv.view(R, 3, H, D)[:, 1], qkv.view(R, 3, H, D)[:, 2]  # (B * T, H, D) each
         self.y1 = torch.ones(R, C + 1, **like)
         self.y = self.y1[:, :C].view(B, T, H, D).transpose(1, 2)     # (B, H, T, D): attention's output
         self.u = torch.empty(R, 4 * C, **like)                       # MLP pre-activation / sqrt(2)
         self.erf = torch.empty(R, 4 * C, **like)
         self.g1 = torch.ones(R, 4 * C + 1, **like)
         self.g = self.g1[:, :4 * C]
+
+
+class PagedStep:
+    """The lean decode step for rows of different lengths whose keys live in a paged pool.
+
+    ``step(model, k_pool, v_pool, idx, position_ids, write_slots, read_slots, key_mask) -> (B, V)``:
+    one new token per row, ``idx`` and ``position_ids`` (B, 1); the pools (L, slots, H, D) as in
+    :class:`kvlib.paged.BlockPool`; row ``b``'s new key goes to slot ``write_slots[b]`` and its
+    attention reads the slots ``read_slots[b]`` (S of them, left-padded rows hidden by ``key_mask``).
+    The same arithmetic as :class:`FastDecoder`'s step (:func:`run_blocks`); only where keys are kept
+    differs. Like the teaching path it gathers each row's keys into a (B, H, S, D) tensor per
+    layer; a paged-attention kernel would read them from the pool in place. Buffers are kept per
+    batch size; one caller at a time (the paged cache that owns it).
+    """
+
+    def __init__(self):
+        self._buffers: dict[tuple, _StepBuffers] = {}
+
+    @torch.inference_mode()
+    def __call__(self, model: GPT, k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor,
+                 position_ids: torch.Tensor, write_slots: torch.Tensor, read_slots: torch.Tensor,
+                 key_mask: torch.Tensor | None) -> torch.Tensor:
+        w, cfg = step_weights(model), model.config
+        (B, S), (H, D) = read_slots.shape, k_pool.shape[2:]
+        key = (B, k_pool.dtype, k_pool.device)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = _StepBuffers(B, 1, cfg, dict(device=k_pool.device, dtype=k_pool.dtype))
+        mask = None if key_mask is None else additive_mask(key_mask, k_pool.dtype)  # (B, 1, 1, S)
+        read = read_slots.flatten()                                  # (B * S,)
+        torch.add(F.embedding(idx, w.wte), F.embedding(position_ids, w.wpe), out=buf.x3)
+
+        def attend(layer: int) -> torch.Tensor:
+            kv = []
+            for pool, new in ((k_pool[layer], buf.new_k), (v_pool[layer], buf.new_v)):
+                pool.index_copy_(0, write_slots, new)                # (B, H, D) into their slots
+                kv.append(pool.index_select(0, read).view(B, S, H, D).transpose(1, 2))  # (B, H, S, D)
+            return F.scaled_dot_product_attention(buf.q, *kv, attn_mask=mask)
+
+        x = run_blocks(w.layers, buf, w.eps, attend)
+        return torch.mm(torch.layer_norm(x, x.shape[1:], *w.ln_f, w.eps), w.head)  # (B, V)

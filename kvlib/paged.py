@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_config, check_device,
+from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_choice, check_config, check_device,
                      check_dtype, check_id_list, check_int, check_key, check_model, check_real)
-from .decoding import generate
+from .decoding import DECODERS, generate
+from .fast import PagedStep
 from .model import GPT, GPTConfig
 
 BLOCK_SIZE = 16
@@ -176,6 +177,7 @@ class PagedKVCache:
         self.tables: dict[object, BlockTable] = {}
         self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
         self.copies_on_write = 0
+        self._step: PagedStep | None = None  # the lean decode step, made on first use
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def blocks_needed(self, n_tokens: int) -> int:
@@ -357,9 +359,15 @@ class PagedKVCache:
         return self.pool.num_free - lowest
 
     @torch.inference_mode()
-    def forward(self, model: GPT, sids: list, new_tokens: list[list[int]]) -> torch.Tensor:
-        """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token."""
+    def forward(self, model: GPT, sids: list, new_tokens: list[list[int]], decoder: str = "fast") -> torch.Tensor:
+        """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token.
+
+        ``decoder="fast"``: a decode step (one new token per sequence) takes the lean step of
+        :class:`kvlib.fast.PagedStep`, the same arithmetic as the single-stream fast path; prefills
+        run ``GPT.forward``. ``decoder="model"``: always ``GPT.forward``, the path notebook 7 explains.
+        """
         check_model(model)
+        check_choice("decoder", decoder, tuple(DECODERS))
         cfg = self.config
         if any(getattr(model.config, a) != getattr(cfg, a) for a in ("vocab_size", "n_layer", "n_head", "n_embd")):
             raise ValueError(f"model does not match this cache: the cache was made for {cfg}, got a model with "
@@ -367,6 +375,16 @@ class PagedKVCache:
         batch = self.batch(sids, new_tokens)
         before = {sid: self.tables[sid].length for sid in batch.sids}  # reserving blocks stores no token
         try:
+            weight = model.lm_head.weight
+            lean = (decoder == "fast" and batch.idx.shape[1] == 1 and weight.dtype == self.pool.k.dtype
+                    and weight.device == self.pool.k.device)  # else GPT.forward, which says what does not match
+            if lean:
+                if self._step is None:
+                    self._step = PagedStep()
+                logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids,
+                                    batch.write_slots, batch.read_slots, batch.key_mask)
+                batch.advance(1)
+                return logits
             logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
                               last_only=True)
         except BaseException:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import (check_bool, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
+from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
                      check_seed, check_text, check_tokenizer, one_at_a_time)
-from .decoding import generate, pad_prompts
+from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .paged import BLOCK_SIZE, PagedKVCache, ceil_div
 from .sampling import sample_next
@@ -194,9 +194,11 @@ class Engine:
 
     def __init__(self, model: GPT, num_blocks: int, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 1024, watermark: float = 0.05, enable_prefix_caching: bool = False,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, decoder: str = "fast"):
         check_model(model)
         self.model = model
+        check_choice("decoder", decoder, tuple(DECODERS))
+        self.decoder = decoder
         block = model.config.block_size
         block_size = check_int("block_size", block_size, 1, block, f"an int in [1, {block}] (the model's block size at most)")
         enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
@@ -331,7 +333,7 @@ class Engine:
             self.history.append(record)
             return record
         if kind == "decode":
-            logits = self.cache.forward(self.model, [s.id for s in seqs], new)
+            logits = self.cache.forward(self.model, [s.id for s in seqs], new, self.decoder)
         computed = sum(len(t) for t in new)
         now = self.clock.now()
         retired = []
@@ -450,8 +452,8 @@ def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_s
     return out
 
 
-def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) -> None:
-    """One fixed batch through ``generate`` with the teaching model's static ``KVCache``.
+def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, decoder: str) -> None:
+    """One fixed batch through ``generate``: a static cache, the fast decode step or the teaching model's.
 
     ``generate`` reserves ``block_size`` positions for every row, and the batch runs until its
     longest answer is written: shorter rows keep their rows (and compute) until then.
@@ -468,7 +470,7 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) 
         out.real_tokens += sum(len(r.prompt) + min(step + 1, r.max_new_tokens) for r in batch)
 
     result = generate(model, idx, longest, temperature=0.0, key_mask=None if len(batch) == 1 else mask,
-                      decoder="model", on_token=on_token)
+                      decoder=decoder, on_token=on_token)
     now = clock.now()
     for b, r in enumerate(batch):
         out.tokens[r.id] = result.new_tokens[b, :r.max_new_tokens].tolist()
@@ -478,12 +480,16 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock) 
     out.steps += longest
 
 
-def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8) -> RunResult:
-    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests."""
+def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast") -> RunResult:
+    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests.
+
+    ``decoder`` as in ``generate``: "fast" (the lean step, as the engine's decode) or "model".
+    """
     check_model(model)
     requests = check_requests(requests)
     _check_fits(model, requests)
     batch_size = check_int("batch_size", batch_size, 1)
+    check_choice("decoder", decoder, tuple(DECODERS))
     clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
     queue = deque(sorted(requests, key=lambda r: r.arrival))
     while queue:
@@ -491,13 +497,13 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
         now, batch = clock.now(), []
         while queue and len(batch) < batch_size and queue[0].arrival <= now:
             batch.append(queue.popleft())
-        _run_static(model, batch, out, clock)
+        _run_static(model, batch, out, clock, decoder)
     return out
 
 
-def run_one_at_a_time(model: GPT, requests: list[Request]) -> RunResult:
-    """Each request alone, in arrival order, through ``generate`` with the static ``KVCache``."""
-    out = run_static_batching(model, requests, batch_size=1)
+def run_one_at_a_time(model: GPT, requests: list[Request], decoder: str = "fast") -> RunResult:
+    """Each request alone, in arrival order, through ``generate`` with a static cache (the single-stream path)."""
+    out = run_static_batching(model, requests, batch_size=1, decoder=decoder)
     out.name = "one at a time, static cache"
     return out
 

@@ -273,3 +273,52 @@ def test_step_weights_are_shared_until_a_parameter_changes():
     dec = FastDecoder(model, 1)
     dec(idx[:, :4])
     assert max_diff(dec(idx[:, 4:]), model(idx)[0][:, -1]) <= ATOL
+
+
+def test_a_padded_decode_step_takes_the_lean_step(tiny_gpt, monkeypatch):
+    """After the prefill, generate's padded decode steps never call GPT.forward."""
+    idx, mask = pad_prompts([[1, 2, 3, 4], [5, 6]])
+    expected = generate(tiny_gpt, idx, 6, temperature=0.0, key_mask=mask, decoder="model")
+    calls = []
+    forward = type(tiny_gpt).forward
+    monkeypatch.setattr(type(tiny_gpt), "forward", lambda self, idx, **kw: calls.append(idx.shape) or forward(self, idx, **kw))
+    got = generate(tiny_gpt, idx, 6, temperature=0.0, key_mask=mask)
+    assert torch.equal(got.tokens, expected.tokens)
+    assert calls == [idx.shape]  # the prefill only
+
+
+# ---- the paged lean step -----------------------------------------------------------------------
+
+@SHAPES
+def test_the_paged_lean_step_matches_gpt_forward(models, shape):
+    """Rows of different lengths, in changing subsets and orders, over blocks of 4: the lean step's
+    logits and stored keys equal those of GPT.forward over the same paged cache."""
+    from kvlib.paged import PagedKVCache
+    model = models[shape]
+    V = model.config.vocab_size
+    prompts = [prompt(n, V, seed=n)[0].tolist() for n in (7, 2, 5)]
+    caches = {d: PagedKVCache(model.config, 64, 4, enable_prefix_caching=False) for d in ("fast", "model")}
+    for d, cache in caches.items():
+        for s, p in enumerate(prompts):
+            cache.add_sequence(s, p)
+        cache.forward(model, [0, 1, 2], prompts, decoder=d)
+    worst = 0.0
+    for step in range(9):
+        live = [0, 1, 2] if step % 3 else [2, 0]
+        new = [[(7 * step + s) % V] for s in live]
+        out = {d: cache.forward(model, live, new, decoder=d) for d, cache in caches.items()}
+        worst = max(worst, max_diff(out["fast"], out["model"]))
+    assert worst <= ATOL
+    for s in range(3):
+        assert caches["fast"].tables[s].token_ids == caches["model"].tables[s].token_ids
+    assert max_diff(caches["fast"].pool.k, caches["model"].pool.k) <= ATOL
+    assert max_diff(caches["fast"].pool.v, caches["model"].pool.v) <= ATOL
+
+
+def test_the_paged_decoder_name_is_checked(tiny_gpt):
+    from kvlib.paged import PagedKVCache
+    cache = PagedKVCache(tiny_gpt.config, 8, 4)
+    cache.add_sequence(0, [1, 2])
+    with pytest.raises(ValueError, match="decoder must be 'fast' or 'model', got 'lean'"):
+        cache.forward(tiny_gpt, [0], [[1, 2]], decoder="lean")
+    assert cache.tables[0].length == 0 and cache.pool.num_free == 8

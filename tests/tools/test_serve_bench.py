@@ -4,7 +4,7 @@ import json
 import pytest
 
 from kvlib.tools import cli
-from kvlib.tools.serve_bench import TARGETS, decode_step_ms, format_report, run_serve_bench
+from kvlib.tools.serve_bench import TARGETS, decode_steps, format_report, run_serve_bench, step_flops
 
 POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
          "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
@@ -15,7 +15,7 @@ RUNS = ("one_at_a_time", "static", "continuous", "continuous_block_8")
 @pytest.fixture(scope="module")
 def report(shipped_char):
     model, tok = shipped_char
-    return run_serve_bench(model, tok, POEMS, n_requests=5, max_new_tokens=8, batch_size=2, repeats=2)
+    return run_serve_bench(model, tok, POEMS, n_requests=5, max_new_tokens=8, batch_size=2, repeats=2, step_rounds=1)
 
 
 def test_the_report_has_every_figure_for_every_way(report):
@@ -23,6 +23,7 @@ def test_the_report_has_every_figure_for_every_way(report):
     for r in report["runs"].values():
         for key in ("tokens_per_s", "mean_latency_s", "p95_latency_s", "mean_ttft_s", "p95_ttft_s", "memory_share"):
             assert isinstance(r[key], float) and r[key] >= 0
+        assert r["tokens_per_s_low"] <= r["tokens_per_s"] <= r["tokens_per_s_high"]
         assert r["generated_tokens"] == sum(report["trace"]["answer_tokens"])
     assert report["same_tokens"] is True
     assert report["settings"]["num_blocks"] * report["settings"]["block_size"] == 2 * 128
@@ -30,6 +31,7 @@ def test_the_report_has_every_figure_for_every_way(report):
     bound = report["memory_share_bound"]
     assert set(bound) == {16, 8} and 0 < bound[16] < bound[8] <= 1  # smaller blocks leave less empty
     assert set(report["targets"]) == set(TARGETS)
+    assert set(report["verdicts"].values()) <= {"faster", "slower", "within noise"}
     assert all(set(t) == {"target", "kind", "measured", "met"} for t in report["targets"].values())
     json.dumps(report)  # JSON-able
 
@@ -40,9 +42,22 @@ def test_the_printed_report_names_the_targets(report):
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
 
 
-def test_decode_step_times_both_caches(shipped_char):
-    d = decode_step_ms(shipped_char[0], batch_size=2, context=8, steps=2, repeats=1)
-    assert d["static_ms"] > 0 and d["paged_ms"] > 0 and d["ratio"] == pytest.approx(d["paged_ms"] / d["static_ms"])
+def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
+    model = shipped_char[0]
+    d = decode_steps(model, batch_size=2, context=8, rounds=1)
+    assert set(d["steps"]) == {"single_row", "static", "paged", "paged_model"}
+    for name, v in d["steps"].items():
+        assert v["low_ms"] <= v["ms"] <= v["high_ms"] and v["floor_ms"] > 0
+        assert v["flops"] == step_flops(model.config, v["rows"], 8)
+    assert d["batch_vs_single_row"] == pytest.approx(d["steps"]["paged"]["ms"] / d["steps"]["single_row"]["ms"])
+    assert d["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_step_flops_count_layers_head_and_attention():
+    from kvlib.model import GPTConfig
+    cfg = GPTConfig(vocab_size=10, n_layer=1, n_head=1, n_embd=2)
+    # per row: 2 x 12 x 2 x 2 (layers) + 2 x 10 x 2 (head) + 4 x 2 x 1 x 4 keys (attention)
+    assert step_flops(cfg, 3, 3) == 3 * (96 + 40 + 32)
 
 
 def test_the_command_prints_json(capsys, monkeypatch):
@@ -84,10 +99,10 @@ def test_prefix_reports_count_what_the_cache_saves(shipped_char):
         prefill_ms(model, shared, [[1]])
 
 
-def test_fastest_runs_take_turns_and_keep_the_shortest_makespan():
+def test_runs_take_turns_and_the_median_run_is_reported():
     from types import SimpleNamespace
 
-    from kvlib.tools.serve_bench import expected_share, fastest_runs
+    from kvlib.tools.serve_bench import expected_share, median_run, runs_in_turns
 
     order, spans = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
 
@@ -97,9 +112,11 @@ def test_fastest_runs_take_turns_and_keep_the_shortest_makespan():
             return SimpleNamespace(makespan=next(spans[name]))
         return run
 
-    best = fastest_runs({"a": way("a"), "b": way("b")}, 3)
+    every = runs_in_turns({"a": way("a"), "b": way("b")}, 3)
     assert order == ["a", "b"] * 3
-    assert best["a"].makespan == 1.0 and best["b"].makespan == 4.0
+    assert [r.makespan for r in every["a"]] == [3.0, 1.0, 2.0]
+    assert median_run(every["a"]).makespan == 2.0 and median_run(every["b"]).makespan == 5.0
+    assert median_run(every["a"][:2]).makespan == 1.0  # the lower middle of an even count
     r = SimpleNamespace(prompt=[0] * 3, max_new_tokens=2)  # holds 4, then 5 tokens
     assert expected_share([r], 4) == pytest.approx(9 / 12)
     assert expected_share([r], 1) == 1.0

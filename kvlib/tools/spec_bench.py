@@ -26,7 +26,7 @@ from ..model import GPT
 from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
                            perfect_draft_speedup, round_us, speculative_generate)
 from ..text import encode_prompt
-from ..timing import machine
+from ..timing import Timing, interleaved, machine, verdict
 from ..timing import threads as thread_count
 from .bench import to_transformers, transformers_available
 
@@ -120,21 +120,12 @@ def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
 
 # ---- costs of the pieces --------------------------------------------------------------------------
 
-def _fastest_us(fn, repeats: int = 30) -> float:
-    """The fastest of ``repeats`` calls, in µs: on a shared machine the others include waiting for a core."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e6
-
-
 @torch.inference_mode()
-def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats: int = 30) -> dict:
+def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds: int = 5,
+                min_run_time: float = 0.02) -> dict:
     """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, the head's matrix product
-    alone over T rows, and one guess of each draft (each the fastest of ``repeats`` calls)."""
+    alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
+    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``."""
     context = min(context, model.config.block_size - 9)  # room for the longest verify pass
     dec = FastDecoder(model, 1)
     dec(torch.zeros(1, context, dtype=torch.long))
@@ -152,22 +143,26 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, repeats
             dec.extend(chunk)
         return run
 
-    tokens = list(range(1, context + 1))
-    guesses = {}
-    for name, d in drafts.items():
-        d.propose(tokens, 1)
-        # One more guess after the tokens so far costs one feed and one pick: propose γ = 2, minus γ = 1.
-        g2 = _fastest_us(lambda d=d: d.propose(tokens, 2), repeats)
-        g1 = _fastest_us(lambda d=d: d.propose(tokens, 1), repeats)
-        guesses[name] = max(g2 - g1, 0.0)
     def head(T):
         x = torch.randn(T, model.config.n_embd, generator=torch.Generator().manual_seed(T))
         return lambda: torch.mm(x, dec.head)  # (T, C) @ (C, V): the largest product of a pass
 
-    return {"step_us": _fastest_us(step, repeats),
-            "verify_us": {T: _fastest_us(verify(T), repeats) for T in range(1, 10)},
-            "head_us": {T: _fastest_us(head(T), repeats) for T in range(1, 10)},
-            "guess_us": guesses}
+    tokens = list(range(1, context + 1))
+    fns = {"step": step, **{("verify", T): verify(T) for T in range(1, 10)},
+           **{("head", T): head(T) for T in range(1, 10)}}
+    for name, d in drafts.items():
+        # One more guess after the tokens so far costs one feed and one pick: propose γ = 2, minus γ = 1.
+        fns["guess", name, 2] = lambda d=d: d.propose(tokens, 2)
+        fns["guess", name, 1] = lambda d=d: d.propose(tokens, 1)
+    t = interleaved(fns, rounds, min_run_time=min_run_time)
+    us = lambda key: 1e6 * t[key].median  # noqa: E731
+    spread = {str(k if isinstance(k, str) else "/".join(map(str, k))): (1e6 * v.low, 1e6 * v.high)
+              for k, v in t.items()}
+    return {"step_us": us("step"),
+            "verify_us": {T: us(("verify", T)) for T in range(1, 10)},
+            "head_us": {T: us(("head", T)) for T in range(1, 10)},
+            "guess_us": {name: max(us(("guess", name, 2)) - us(("guess", name, 1)), 0.0) for name in drafts},
+            "rounds": rounds, "spread": spread}
 
 
 # ---- the cost model -------------------------------------------------------------------------------
@@ -187,19 +182,21 @@ def _hf_assisted(hf, hf_draft, idx, n, gamma):
 
 def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None, prompts=None, *,
                    gammas=GAMMAS, new_tokens: int = 64, rounds: int = 3, with_transformers: bool = True,
-                   progress: bool = True, threads: int = 1) -> dict:
+                   progress: bool = True, threads: int = 1, costs: dict | None = None) -> dict:
     """Greedy speculative decoding against plain greedy ``generate``, for every draft and γ, side by side.
 
     Each round times plain decoding of every prompt, then every (draft, γ), so a change in the
-    machine's load hits all alike; a time is the fastest round's summed time over all prompts (on a
-    shared machine the slower rounds include waiting for a core). Runs with ``threads`` threads (1 is
+    machine's load hits all alike (``kvlib.timing``'s rule); a time per token is the median over the
+    rounds, with its spread, and each speed-up comes with a verdict: faster, slower or within noise.
+    ``costs`` from :func:`piece_costs` on this machine may be passed in (one measurement of each piece per
+    notebook); otherwise they are measured after the rounds. Runs with ``threads`` threads (1 is
     fastest at this size; a second thread waiting for a busy core slows every step), restored after.
     """
     with thread_count(threads):
-        return _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress)
+        return _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs)
 
 
-def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress) -> dict:
+def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs) -> dict:
     from tqdm.auto import tqdm
     import sys
 
@@ -238,22 +235,27 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
                               "formula": expected_tokens_per_round(alpha, key[1])}
                 same[key] = all(torch.equal(res.tokens, ref) for res, ref in zip(results, reference))
     bar.close()
-    plain_us = min(times["plain"]) / total * 1e6
-    costs = piece_costs(model, drafts)
+    per_token = {key: Timing(str(key), tuple(x / total for x in v)) for key, v in times.items()}
+    plain_us = 1e6 * per_token["plain"].median
+    if costs is None:
+        costs = piece_costs(model, drafts)
 
     report_drafts = {}
     for name in drafts:
         per_gamma = []
         for g in gammas:
-            us = min(times[name, g]) / total * 1e6
+            t = per_token[name, g]
+            us = 1e6 * t.median
             s = stats[name, g]
             # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
             model_us = round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
-            per_gamma.append({"gamma": g, **s, "us_per_token": us, "speedup": plain_us / us,
+            per_gamma.append({"gamma": g, **s, "us_per_token": us, "low_us": 1e6 * t.low, "high_us": 1e6 * t.high,
+                              "speedup": plain_us / us, "verdict": verdict(t, per_token["plain"]),
                               "modelled_us_per_token": model_us, "same_tokens": same[name, g]})
         best = min(per_gamma, key=lambda r: r["us_per_token"])
         guess = costs["guess_us"][name]
         report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"],
+                               "best_verdict": best["verdict"],
                                "alpha_needed": alpha_needed(costs, guess, best["gamma"], TARGET_SPEEDUP),
                                "perfect_draft_speedup": perfect_draft_speedup(costs, guess, gammas)}
     better = max(report_drafts, key=lambda n: report_drafts[n]["best_speedup"])
@@ -270,11 +272,13 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
         "prompts": [tokenizer.decode(p[0, 1:].tolist()) for p in prompts],
         "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas),
         "plain_us_per_token": plain_us,
+        "plain_spread_us": (1e6 * per_token["plain"].low, 1e6 * per_token["plain"].high),
         "costs": costs,
         "results": report_drafts,
         "better_draft": better,
         "target_speedup": TARGET_SPEEDUP,
-        "target_met": report_drafts[better]["best_speedup"] >= TARGET_SPEEDUP,
+        "target_met": (report_drafts[better]["best_speedup"] >= TARGET_SPEEDUP
+                       and report_drafts[better]["best_verdict"] == "faster"),
         "transformers": hf_info,
     }
 
@@ -327,11 +331,14 @@ def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, refere
 def format_report(report: dict) -> str:
     """The report as text tables."""
     lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
-             f"fastest of {report['rounds']} rounds, side by side",
-             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} us/token",
+             f"medians of {report['rounds']} rounds, taking turns",
+             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} us/token "
+             f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f})",
              ""]
     c = report["costs"]
-    lines.append(f"costs: decode step {c['step_us']:.0f} us; verify pass of T tokens: "
+    lo, hi = c["spread"]["step"]
+    lines.append(f"costs (medians of {c['rounds']} interleaved rounds): decode step {c['step_us']:.0f} us "
+                 f"({lo:.0f}-{hi:.0f}); verify pass of T tokens: "
                  + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " us")
     lines.append("       the head's product alone over T rows: "
                  + ", ".join(f"T={T} {us:.0f}" for T, us in c["head_us"].items()) + " us")
@@ -339,21 +346,23 @@ def format_report(report: dict) -> str:
     for name, res in report["results"].items():
         lines += ["", f"draft: {name} {report['drafts'][name]}",
                   f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'us/tok':>7s} {'model':>7s} "
-                  f"{'speed-up':>8s} same tokens"]
+                  f"{'speed-up':>8s} {'verdict':>12s} same tokens"]
         for r in res["rows"]:
             lines.append(f"  {r['gamma']:2d} {r['alpha']:6.3f} {r['tokens_per_call']:8.2f} {r['formula']:8.2f} "
                          f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['speedup']:7.2f}x "
-                         f"{r['same_tokens']}")
+                         f"{r['verdict']:>12s} {r['same_tokens']}")
         need = res["alpha_needed"]
         goal = (f"{report['target_speedup']}x is out of reach even at α = 1" if need is None else
                 f"{report['target_speedup']}x needs α >= {need:.2f}")
         steps = round_us(c, c["guess_us"][name], res["best_gamma"]) / c["step_us"]
-        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy; a round there costs "
+        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy "
+                     f"({res['best_verdict']}); a round there costs "
                      f"{steps:.2f} decode steps, and {goal}; a draft always right could give "
                      f"{res['perfect_draft_speedup']:.2f}x")
     better = report["better_draft"]
     lines += ["", f"better draft: {better}, {report['results'][better]['best_speedup']:.2f}x; target >= "
-                  f"{report['target_speedup']}x: {'met' if report['target_met'] else 'NOT met'} in this run"]
+                  f"{report['target_speedup']}x and faster than every plain run: {'met' if report['target_met'] else 'NOT met'} "
+                  f"in this run"]
     hf = report["transformers"]
     if hf.get("used"):
         lines.append(f"transformers {hf['version']}: plain generate {hf['plain_us_per_token']:.0f} us/token")

@@ -42,10 +42,25 @@ def test_report_structure_and_text():
             assert r["same_tokens"] is True and 0 <= r["alpha"] <= 1
             assert 1 <= r["tokens_per_call"] <= r["gamma"] + 1 and 1 <= r["formula"] <= r["gamma"] + 1
             assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
-    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us"}
+            assert r["low_us"] <= r["us_per_token"] <= r["high_us"]
+            assert r["verdict"] in ("faster", "slower", "within noise")
+    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "rounds", "spread"}
+    lo, hi = report["costs"]["spread"]["step"]
+    assert lo <= report["costs"]["step_us"] <= hi and "verify/9" in report["costs"]["spread"]
     assert len(report["costs"]["verify_us"]) == len(report["costs"]["head_us"]) == 9
     text = spec_bench.format_report(report)
+    assert "medians of 1 rounds, taking turns" in text
     assert "best γ" in text and "draft: neural" in text and "target >= 1.3x" in text
+
+
+def test_given_costs_are_used_not_measured_again(monkeypatch):
+    target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 0)
+    drafts = {"n-gram": NgramDraft.from_ids(torch.arange(64).repeat(4), 64)}
+    costs = spec_bench.piece_costs(target, drafts, context=8, rounds=1, min_run_time=0.001)
+    monkeypatch.setattr(spec_bench, "piece_costs", lambda *a, **k: pytest.fail("costs measured twice"))
+    report = spec_bench.run_spec_bench(target, Tok(), drafts, [torch.tensor([[0, 5]])], gammas=(1,), new_tokens=4,
+                                       rounds=1, with_transformers=False, progress=False, costs=costs)
+    assert report["costs"] is costs
 
 
 def test_statistics():

@@ -188,8 +188,8 @@ class QuantizedStore:
             self.residual = self.residual[:, :, : n - q].clone()
             return
         keep = n // self.step * self.step                          # whole groups stay quantised
-        self.residual = self._dequantized(keep, keep + self.step)[:, :, : n - keep].clone() if n > keep else \
-            self.residual[:, :, :0].clone()
+        partial = self._dequantized(keep, keep + self.step) if n > keep else self.residual
+        self.residual = partial[:, :, : n - keep].clone()          # the cut group's first positions, as read
         s = keep // self.step
         self.codes = self.codes[:, :, :keep].clone()
         self.scale, self.zero = self.scale[:, :, :s].clone(), self.zero[:, :, :s].clone()

@@ -3,15 +3,18 @@
 The package root holds the ideas, in reading order: ``tokenizer`` -> ``model`` (the GPT and its
 caches) -> ``sampling`` -> ``decoding`` (the loops) -> ``fast`` (the lean decode step) ->
 ``constraints`` and ``verify``; ``text`` turns strings into calls, ``stepper`` and ``memory`` hold
-what notebooks 4 and 5 show, ``paged`` and ``serving`` notebook 7's many users. ``kvlib.notebook``
+what notebooks 4 and 5 show, ``paged`` and ``serving`` notebook 7's many users, ``quantized`` and
+``evict`` notebook 9's smaller caches. ``kvlib.notebook``
 draws it, ``kvlib.tools`` trains, loads and measures it.
 """
 from .checks import ContextLimitError
 from .constraints import acrostic, quatrain
-from .decoding import GenerationResult, generate, generate_uncached, pad_prompts, position_ids_from_mask
+from .decoding import GenerationResult, cache_decoder, generate, generate_uncached, pad_prompts, position_ids_from_mask
+from .evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from .fast import FastDecoder
 from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
 from .paged import BlockPool, PagedKVCache, verify_paged
+from .quantized import QuantizedKVCache
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
 from .serving import Engine, Request, make_trace
 from .stepper import CacheStepper
@@ -32,4 +35,5 @@ __all__ = [
     "encode_prompt", "next_token_probs", "top_next", "write",
     "CacheStepper",
     "PagedKVCache", "BlockPool", "verify_paged", "Engine", "Request", "make_trace",
+    "QuantizedKVCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "cache_decoder",
 ]

@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 
 from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
-                     check_int, check_prompt, check_sampling, check_step_logits, check_token_lists)
+                     check_int, check_model, check_prompt, check_sampling, check_step_logits, check_token_lists)
+from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import draw
@@ -63,6 +64,41 @@ class CachedDecoder:
     def __call__(self, idx, key_mask=None, position_ids=None):
         logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
         return logits[:, -1]  # (B, V)
+
+
+class CacheDecoder:
+    """Runs the teaching model over a given ``cache`` (any :class:`kvlib.Cache`); the last logits (B, V).
+
+    An evicting cache keeps fewer keys than tokens written, so its rows are numbered by the cache
+    (:func:`kvlib.evict.forward_with_cache`) and padded rows are refused.
+    """
+
+    def __init__(self, model: GPT, cache):
+        self.model, self.cache = model, cache
+
+    def __call__(self, idx, key_mask=None, position_ids=None):
+        if isinstance(self.cache, EvictingCache):
+            if key_mask is not None or position_ids is not None:
+                raise ValueError(f"{type(self.cache).__name__} decodes rows of equal length: padded prompts "
+                                 f"(a key_mask) are not supported")
+            logits, _ = forward_with_cache(self.model, idx, self.cache, last_only=True)
+        else:
+            logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids,
+                                   last_only=True)
+        return logits[:, -1]  # (B, V)
+
+
+def cache_decoder(cache_class: type, **settings):
+    """A factory for ``generate(..., decoder=...)``: a :class:`CacheDecoder` over
+    ``cache_class(config, batch_size, max_len, **settings)``, e.g. ``cache_decoder(QuantizedKVCache, bits=4)``."""
+    if not isinstance(cache_class, type):
+        raise TypeError(f"cache_class must be a cache class (e.g. QuantizedKVCache), got {cache_class!r:.60}")
+
+    def make(model: GPT, batch_size: int, max_len: int) -> CacheDecoder:
+        check_model(model)
+        return CacheDecoder(model, cache_class(model.config, batch_size, max_len, **settings))
+
+    return make
 
 
 # What ``generate(..., decoder=...)`` accepts by name. Both build ``decoder(model, batch_size, max_len)``

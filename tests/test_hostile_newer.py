@@ -633,14 +633,14 @@ add("widgets", "explore", "n_chars", bad_ints(1, BLOCK), lambda w, o, v: ex(w, n
 add("widgets", "explore", "n_bars", bad_ints(1, V), lambda w, o, v: ex(w, n_bars=v))
 add("widgets", "explore", "seed", bad_ints(0, 2**63 - 1), lambda w, o, v: ex(w, seed=v))
 add("widgets", "explore", "temperature", [(v, e) for v, e in bad_reals(-1.0, 101.0) if v != 1j], lambda w, o, v: ex(w, temperature=v))
-add("widgets", "explore", "top_k", [("0", TypeError), (True, TypeError), (2.5, TypeError), (-1, ValueError), (V + 1, ValueError)],
+add("widgets", "explore", "top_k", [("0", TypeError), (True, TypeError), (2.5, TypeError), (0, ValueError), (-1, ValueError), (V + 1, ValueError)],
     lambda w, o, v: ex(w, top_k=v))
 add("widgets", "explore", "top_p", [("1", TypeError), (True, TypeError), (0.0, ValueError), (NAN, ValueError), (1.5, ValueError)],
     lambda w, o, v: ex(w, top_p=v))
 add("widgets", "explore", "prompt", [(5, TypeError), (["春"], TypeError)], lambda w, o, v: ex(w, prompt=v))
 sx = lambda w, **kw: W()["explore"].SliderExplorer(w.model, w.tok, **{"n_chars": 4, "n_bars": 4, **kw})  # noqa: E731
 for name, pairs in (("temperature", [(2.5, ValueError), ("1", TypeError), (NAN, ValueError)]),
-                    ("top_k", [(101, ValueError), (1.5, TypeError), (True, TypeError)]),
+                    ("top_k", [(101, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)]),
                     ("top_p", [(0.0, ValueError), (None, TypeError)]), ("seed", [(100, ValueError), (-1, ValueError)]),
                     ("n_chars", [(0, ValueError), (BLOCK + 1, ValueError), ("4", TypeError)]),
                     ("n_bars", [(0, ValueError), (V + 1, ValueError)]), ("prompt", [(5, TypeError), (None, TypeError)])):

@@ -69,13 +69,13 @@ class ExplorerView:
 
 
 def _filters(top_k, top_p) -> tuple[int | None, float | None]:
-    """Slider values to sampler settings: top-k 0 and top-p 1 both mean "no filter"."""
-    top_k = None if not top_k else int(top_k)
+    """Checked settings to sampler settings: top-p 1 keeps every token, the same as no top-p."""
+    top_k = None if top_k is None else int(top_k)
     top_p = None if top_p is None or top_p >= 1 else float(top_p)
     return top_k, top_p
 
 
-def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int | None = 0,
+def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int | None = None,
             top_p: float | None = 1.0, seed: int = 0, n_chars: int = 48, n_bars: int = 12) -> ExplorerView:
     """Write ``n_chars`` new characters after ``prompt`` and describe the first step's choice.
 
@@ -88,11 +88,11 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     check_pair(model, tokenizer)
     prompt = require_str("prompt", prompt).strip()
     block = model.config.block_size
-    if top_k is not None:  # 0 (the slider's "off") or a count of tokens
-        rule = f"top_k must be an int >= 1 and <= the vocabulary size {tokenizer.vocab_size} (0 or None: no top-k)"
+    if top_k is not None:  # None: no top-k, as everywhere in kvlib
+        rule = f"top_k must be an int >= 1 and <= the vocabulary size {tokenizer.vocab_size} (None: no top-k)"
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
             raise TypeError(f"{rule}, got {top_k!r:.40}")
-        if not 0 <= top_k <= tokenizer.vocab_size:
+        if not 1 <= top_k <= tokenizer.vocab_size:
             raise ValueError(f"{rule}, got {top_k!r}")
     if top_p is not None:
         rule = "top_p must be a number in (0, 1] (1 or None: no top-p)"
@@ -159,14 +159,15 @@ class SliderExplorer:
     the machine is busy with other work).
     """
 
-    def __init__(self, model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int = 0,
+    def __init__(self, model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int = 0, n_chars: int = 48, n_bars: int = 12):
         import ipywidgets as w
 
         for name, value, low, high, integer in (("temperature", temperature, 0.0, 2.0, False),
-                                                 ("top_k", top_k, 0, 100, True), ("top_p", top_p, 0.05, 1.0, False),
+                                                 ("top_k", top_k, 1, 100, True), ("top_p", top_p, 0.05, 1.0, False),
                                                  ("seed", seed, 0, 99, True)):
-            check_setting(name, value, low, high, integer)
+            if value is not None or name != "top_k":  # top_k None: no top-k
+                check_setting(name, value, low, high, integer)
         check_pair(model, tokenizer)
         require_str("prompt", prompt)
         check_setting("n_chars", n_chars, 1, model.config.block_size, integer=True)
@@ -177,7 +178,8 @@ class SliderExplorer:
                              style=control_style(font_size="16px"), **common)
         self.temperature = slider("float", value=temperature, min=0.0, max=2.0, step=0.05,
                                   description="temperature", **common)
-        self.top_k = slider("int", value=top_k, min=0, max=100, description="top-k (0 off)", **common)
+        # The slider's 0 end is "no top-k": it is turned into None here, at the widget's edge.
+        self.top_k = slider("int", value=top_k or 0, min=0, max=100, description="top-k (0 off)", **common)
         self.top_p = slider("float", value=top_p, min=0.05, max=1.0, step=0.05, description="top-p (1 off)",
                             **common)
         self.seed = slider("int", value=seed, min=0, max=99, description="seed", **common)
@@ -201,7 +203,7 @@ class SliderExplorer:
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
             view = explore(self.model, self.tokenizer, self.prompt.value, self.temperature.value,
-                           self.top_k.value, self.top_p.value, self.seed.value, self.n_chars, self.n_bars)
+                           self.top_k.value or None, self.top_p.value, self.seed.value, self.n_chars, self.n_bars)
             self.view = view
             self.poem.value, self.info.value, chart = self._html(view)
             poem_done, poem_cpu = time.perf_counter(), time.process_time()

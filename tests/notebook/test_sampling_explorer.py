@@ -35,13 +35,13 @@ def test_explore_first_step_is_the_next_token_distribution(char):
     assert f"{writable:,} of {tok.vocab_size:,} tokens kept" in view.kept_line() and "<unk>" in view.kept_line()
 
 
-@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.5), (30, 0.9)])
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (None, 0.5), (30, 0.9)])
 def test_explore_kept_set_matches_the_sampler(char, top_k, top_p):
     model, tok = char
     view = sampling_explorer.explore(model, tok, "春风", temperature=1.2, top_k=top_k, top_p=top_p, seed=0, n_bars=12)
     logits = text.next_token_probs(model, tok, "春风")[None].log().clone()
     logits[:, text.unk_ids(tok)] = float("-inf")  # the explorer bans <unk> before the filters
-    kept = probabilities(logits, 1.2, top_k or None, top_p if top_p < 1 else None)[0] > 0
+    kept = probabilities(logits, 1.2, top_k, top_p if top_p < 1 else None)[0] > 0
     assert view.n_kept == int(kept.sum())
     assert view.kept == [bool(kept[tok.encode(c)[0]]) for c in view.chars]
     if top_k == 5:

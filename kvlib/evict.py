@@ -11,7 +11,7 @@ How these caches meet :class:`kvlib.model.Cache` and ``GPT.forward``:
   aligned), which is exactly right for the kept keys followed by the new chunk, whichever were evicted.
 - ``position`` counts the positions written so far: the next token's position. Once something is
   evicted it differs from ``length``, so the forward pass must be given the positions:
-  :func:`forward_with_cache` (and :func:`kvlib.shrink.cache_decoder` for ``generate``) passes
+  :func:`forward_with_cache` (and :func:`kvlib.decoding.cache_decoder` for ``generate``) passes
   ``position_ids = cache.next_positions(T)``. Calling ``model(idx, cache=cache)`` without them would
   number the new tokens from ``length``: the positions would be wrong after the first eviction.
 - ``write`` appends the chunk and returns every kept key plus the chunk; eviction happens in
@@ -38,8 +38,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from ..checks import ContextLimitError, check_config, check_int, check_model
-from ..model import GPTConfig, causal_mask, check_truncate
+from .checks import ContextLimitError, check_config, check_int, check_model
+from .model import GPTConfig, causal_mask, check_truncate
 
 __all__ = ["EvictingCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "forward_with_cache"]
 

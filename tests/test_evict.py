@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib import Cache, ContextLimitError, KVCache, generate, pad_prompts
-from kvlib.shrink import (HeavyHitterCache, QuantizedKVCache, SinkCache, SlidingWindowCache, cache_decoder,
-                          forward_with_cache)
+from kvlib import (Cache, ContextLimitError, HeavyHitterCache, KVCache, QuantizedKVCache, SinkCache,
+                   SlidingWindowCache, cache_decoder, generate, pad_prompts)
+from kvlib.evict import forward_with_cache
 
 WIDE = [(SlidingWindowCache, dict(window=16)), (SinkCache, dict(sinks=2, window=14)),
         (HeavyHitterCache, dict(budget=16, recent=4))]  # for the tiny model's 16-token block: nothing goes

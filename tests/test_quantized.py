@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib import Cache, GPTConfig, KVCache, generate
-from kvlib.shrink import (QuantizedKVCache, cache_decoder, dequantize, fp_bytes_per_token, pack, quantize,
-                          quantized_bytes_per_token, unpack)
-from kvlib.shrink.quantized import QuantizedStore
+from kvlib import Cache, GPTConfig, KVCache, QuantizedKVCache, cache_decoder, generate
+from kvlib.quantized import (QuantizedStore, dequantize, fp_bytes_per_token, pack, quantize, quantized_bytes_per_token,
+                             unpack)
 
 PROMPTS = ["床前明月光，", "春风", "白日依山尽，", "山中", "江上秋风起，", "故人"]
 

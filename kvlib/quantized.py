@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import ContextLimitError, check_config, check_int
-from ..model import GPTConfig, check_truncate
+from .checks import ContextLimitError, check_config, check_int
+from .model import GPTConfig, check_truncate
 
 __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack", "unpack",
            "fp_bytes_per_token", "quantized_bytes_per_token", "check_bits"]

@@ -1,11 +1,18 @@
 """Checks that answer back: run a learner's solution on cases with known answers and say what is wrong.
 
-Each ``check_*`` function calls the learner's function on a few inputs, compares with the library's
-own result, and prints one line per case: ✓, or the input, what was expected and what came back.
+Each ``check_*`` function calls the learner's function on a few inputs (or takes the learner's number), compares
+with the library's own result, and prints one line per case: ✓, or the input, what was expected and what came
+back, with a hint where the answer matches a known mistake (a percentage for a fraction, GiB for GB, an
+off-by-one). A function that is still the placeholder (it raises NotImplementedError, or returns None) is
+reported, not raised; most checks then stop after that one line.
 It never raises for a wrong answer (the learner reads the message and tries again); it returns
 whether every case passed, so a notebook can show the worked solution's result too.
 """
 from __future__ import annotations
+
+import functools
+import math
+import numbers
 
 import torch
 
@@ -164,4 +171,615 @@ def check_no_repeat_hook(hook, model, tokenizer, seeds=(0, 1, 2), n_new: int = 4
             passed = False
         else:
             print(f"✓ seed {seed}: {len(chars)} characters, none repeated")
+    return passed
+
+
+# ---- answers that are numbers, and small functions with known answers (notebooks 1, 5, 6 and 8) -----------
+
+def _brief(value) -> str:
+    """A short description of whatever the learner's code gave back."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '…' if len(text) > 60 else text}"
+
+
+class _NotWritten(Exception):
+    """The learner's function is still the placeholder: one line says so, and the check stops."""
+
+
+def _stops_at_placeholder(check):
+    """A check that returns False, after one line, when the learner's function raises NotImplementedError."""
+    @functools.wraps(check)
+    def run(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except _NotWritten:
+            return False
+    return run
+
+
+def _call(fn, *args, label: str):
+    """(True, what ``fn`` returned), or (False, None) after saying what it raised."""
+    try:
+        result = fn(*args)
+    except NotImplementedError as e:
+        print(f"✗ {label}: your function raised NotImplementedError ({e}): write it, then run this cell again")
+        raise _NotWritten from None
+    except Exception as e:  # the learner's code: say what it raised, and go on
+        print(f"✗ {label}: your function raised {type(e).__name__}: {e}")
+        return False, None
+    if result is None:
+        print(f"✗ {label}: your function returned None: does it end with a return statement?")
+        raise _NotWritten
+    return True, result
+
+
+def _as_number(value, name: str) -> float | None:
+    """``value`` as a float, or None after saying why it is not a number (yet)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if value is None:
+        print(f"✗ {name} is still None: put your answer there and run the cell again")
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        print(f"✗ {name} must be a finite number, got {_brief(value)}")
+        return None
+    return float(value)
+
+
+def _as_int(value) -> int | None:
+    """``value`` as an int if it is a whole number (an int, a whole float, a one-element integer tensor)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        return None
+    return int(value) if float(value) == int(value) else None
+
+
+def _close(got: float, want: float, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
+    return abs(got - want) <= abs_ + rel * abs(want)
+
+
+# notebook 1 ------------------------------------------------------------------------------------------------
+
+RANK_CASES = (("举头望", "明", True), ("举头望", "山", True), ("举头望", "山", False),
+              ("床前看月光，疑是地上霜。举头望", "明", True), ("春风", "。", True), ("春风", "。", False))
+
+
+def _reading(opening: bool) -> str:
+    return "read as a poem's opening" if opening else "read as a piece from anywhere"
+
+
+@_stops_at_placeholder
+def check_rank(fn, model, tokenizer, cases=RANK_CASES) -> bool:
+    """``fn(text, char, opening) -> (rank, probability)`` of ``char`` as the next character after ``text``: rank 1
+    for the most likely token, the probability a fraction in [0, 1]. ``opening=True`` puts the poem separator in
+    front of ``text``, ``False`` does not. Compared with :func:`kvlib.text.rank_of` on each case."""
+    from ..text import rank_of
+
+    passed = True
+    for text, char, opening in cases:
+        label = f"「{text}」→ {char}, {_reading(opening)}"
+        want_rank, want_p = rank_of(model, tokenizer, text, char, opening=opening)
+        ok, got = _call(fn, text, char, opening, label=label)
+        if not ok:
+            passed = False
+            continue
+        pair = list(got) if isinstance(got, (tuple, list)) and len(got) == 2 else None
+        rank = _as_int(pair[0]) if pair else None
+        p = pair[1].item() if pair and isinstance(pair[1], torch.Tensor) and pair[1].numel() == 1 else (
+            pair[1] if pair else None)
+        if rank is None or isinstance(p, bool) or not isinstance(p, numbers.Real):
+            print(f"✗ {label}: expected a pair (rank, probability), a whole number and a number, got {_brief(got)}")
+            passed = False
+            continue
+        p = float(p)
+        if rank == want_rank and _close(p, want_p):
+            print(f"✓ {label}: rank {rank:,}, probability {p:.5f}")
+            continue
+        passed = False
+        hints = []
+        if rank == want_rank - 1:
+            hints.append("ranks count from 1: the most likely token has rank 1, so add one to the number of "
+                         "tokens that are more likely")
+        if _close(p, 100 * want_p):
+            hints.append("give the probability as a fraction between 0 and 1, not as a percentage")
+        other_rank, other_p = rank_of(model, tokenizer, text, char, opening=not opening)
+        if rank in (other_rank, other_rank - 1) and (_close(p, other_p) or _close(p, 100 * other_p)):
+            hints.append(f"these are the numbers of the text {_reading(not opening)}: with opening=True the "
+                         "separator goes in front (encode_prompt), with opening=False it does not (tokenizer.encode)")
+        print(f"✗ {label}: expected rank {want_rank:,} and probability {want_p:.5f}, got rank {rank:,} and "
+              f"probability {p:.5f}" + "".join(f". {h[0].upper()}{h[1:]}" for h in hints))
+    return passed
+
+
+@_stops_at_placeholder
+def check_followers(fn, model, tokenizer, poems, texts=("明月", "春风", "白云"), n: int = 5) -> bool:
+    """``fn(text) -> [(char, corpus share, model probability), ...]``: the ``n`` characters that most often follow
+    ``text`` in ``poems``, most frequent first; each with its share of all the occurrences of ``text`` (a fraction)
+    and the probability the model gives it after reading ``text`` with nothing in front (no separator)."""
+    from ..text import count_followers, next_token_probs
+
+    passed = True
+    for text in texts:
+        counts = count_followers(poems, text)
+        total = sum(counts.values())
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+        anywhere = next_token_probs(model, tokenizer, text, opening=False)
+        opening = next_token_probs(model, tokenizer, text, opening=True)
+        want = [(ch, c / total, float(anywhere[tokenizer.encode(ch)[0]])) for ch, c in top]
+        ok, got = _call(fn, text, label=f"「{text}」")
+        if not ok:
+            passed = False
+            continue
+        rows = list(got) if isinstance(got, (list, tuple)) else None
+        if rows is None or len(rows) != n or not all(isinstance(r, (list, tuple)) and len(r) == 3 for r in rows):
+            print(f"✗ 「{text}」: expected a list of {n} triples (character, corpus share, model probability), "
+                  f"got {_brief(got)}")
+            passed = False
+            continue
+        problems = []
+        for i, ((ch, share, p), (want_ch, want_share, want_p)) in enumerate(zip(rows, want)):
+            if ch != want_ch and counts.get(ch) != counts[want_ch]:  # a tie may come in either order
+                problems.append(f"place {i + 1} should be {want_ch!r} (follows {text} {counts[want_ch]:,} times), "
+                                f"got {ch!r} ({counts.get(ch, 0):,} times)")
+                continue
+            share, p = _as_number(share, f"the corpus share of {ch!r}"), _as_number(p, f"the probability of {ch!r}")
+            if share is None or p is None:
+                problems.append(f"the numbers for {ch!r} are not numbers")
+                continue
+            want_share, want_p = counts[ch] / total, float(anywhere[tokenizer.encode(ch)[0]])
+            if not _close(share, want_share, 1e-3):
+                hint = (" (a percentage: give a fraction)" if _close(share, 100 * want_share, 1e-3) else
+                        f" (divide by all {total:,} occurrences of {text}, not only the top {n})"
+                        if _close(share, counts[ch] / sum(c for _, c in top), 1e-3) else "")
+                problems.append(f"the corpus share of {ch!r} should be {want_share:.4f} = {counts[ch]:,} / {total:,}, "
+                                f"got {share:.4f}{hint}")
+            if not _close(p, want_p, 1e-3, 1e-5):
+                o = float(opening[tokenizer.encode(ch)[0]])
+                hint = (" (a percentage: give a fraction)" if _close(p, 100 * want_p, 1e-3, 1e-3) else
+                        " (that is the probability with the separator in front: read the text with opening=False, "
+                        "as the corpus counts do)" if _close(p, o, 1e-3, 1e-5) else "")
+                problems.append(f"the model's probability of {ch!r} should be {want_p:.4f}, got {p:.4f}{hint}")
+        if problems:
+            more = f"; and {len(problems) - 3} more" if len(problems) > 4 else ""
+            print(f"✗ 「{text}」: " + "; ".join(problems[:3] if more else problems) + more)
+            passed = False
+        else:
+            print(f"✓ 「{text}」 ({total:,} times): " + "  ".join(f"{ch} {s:.1%}/{p:.1%}" for ch, s, p in want))
+    return passed
+
+
+def _half_cover(probs: torch.Tensor) -> int:
+    return int((probs.sort(descending=True).values.cumsum(0) < 0.5).sum()) + 1
+
+
+@_stops_at_placeholder
+def check_half_cover(fn, model=None, tokenizer=None, prompts=("白日依山尽，黄河入海", "床前明月光，疑是地上", "春风")) -> bool:
+    """``fn(probs) -> int``: how many of the most likely tokens it takes for their probabilities to add up to at
+    least one half. ``probs`` is a (V,) tensor in vocabulary order (not sorted). Tried on small distributions with
+    known answers, then (given a model) on the next-token distributions after ``prompts``."""
+    cases = {"[0.5, 0.25, 0.25]": torch.tensor([0.5, 0.25, 0.25]),
+             "[0.1, 0.2, 0.3, 0.4] (not sorted)": torch.tensor([0.1, 0.2, 0.3, 0.4]),
+             "eight tokens of 0.125": torch.full((8,), 0.125),
+             "[0.01, 0.97, 0.01, 0.01]": torch.tensor([0.01, 0.97, 0.01, 0.01])}
+    if model is not None:
+        from ..text import next_token_probs
+
+        cases |= {f"the model after 「{t}」": next_token_probs(model, tokenizer, t) for t in prompts}
+    passed = True
+    for name, probs in cases.items():
+        want = _half_cover(probs)
+        ok, got = _call(fn, probs.clone(), label=name)
+        if not ok:
+            passed = False
+            continue
+        n = _as_int(got)
+        if n == want:
+            print(f"✓ {name}: {n:,}")
+            continue
+        passed = False
+        unsorted = int((probs.cumsum(0) < 0.5).sum()) + 1
+        hint = ("sort the probabilities from the largest down before adding them up" if n == unsorted and n != want
+                else "count the token that brings the total to one half, and stop there" if n == want + 1 or
+                n == want - 1 else "")
+        print(f"✗ {name}: expected {want:,}, got {_brief(got) if n is None else f'{n:,}'}" + (f". {hint[0].upper()}{hint[1:]}"
+                                                                                             if hint else ""))
+    return passed
+
+
+# notebook 5 ------------------------------------------------------------------------------------------------
+
+def check_tokens_to_match_weights(tokens, inside_context, model_name: str = "Llama 3 8B") -> bool:
+    """``tokens``: how long one sequence must be for its bf16 cache to take as many bytes as the bf16 weights
+    (within 1 %); ``inside_context``: whether that length is within the model's trained context (True/False)."""
+    from ..memory import SHAPES
+
+    shape = SHAPES[model_name]
+    want = shape.weight_bytes() / shape.kv_bytes_per_token()
+    passed = True
+    got = _as_number(tokens, "the number of tokens")
+    if got is None:
+        passed = False
+    elif abs(got - want) <= 0.01 * want:
+        print(f"✓ {got:,.0f} tokens: the cache of one sequence that long takes as many bytes as the weights "
+              f"({shape.weight_bytes():,} bytes)")
+    else:
+        passed = False
+        hints = {2.0: "a token's cache holds a key and a value (the factor 2) for every layer and key/value head",
+                 4.0: f"{model_name} caches {shape.n_kv_head} key/value heads per layer, not its {shape.n_head} "
+                      "query heads (grouped-query attention)",
+                 0.5: "the weights and the cache are both in bf16, 2 bytes a number"}
+        hint = next((h for ratio, h in hints.items() if abs(want / got - ratio) <= 0.02 * ratio), "")
+        print(f"✗ the number of tokens: expected about {want:,.0f} (weights {shape.weight_bytes():,} bytes / "
+              f"cache per token), got {got:,.0f}" + (f". Off by a factor {want / got:g}: {hint}" if hint else ""))
+    if not isinstance(inside_context, bool):
+        print(f"✗ whether it is inside the trained context must be True or False, got {_brief(inside_context)}")
+        return False
+    if inside_context != (want <= shape.context):
+        print(f"✗ inside the trained context: expected {want <= shape.context}, got {inside_context}: "
+              f"{want:,.0f} tokens against a trained context of {shape.context:,}")
+        return False
+    print(f"✓ {'inside' if inside_context else 'outside'} the trained context of {shape.context:,} tokens")
+    return passed
+
+
+def check_sequences_that_fit(answers, gpu_bytes: int = 80 * 10**9, tokens: int = 4096,
+                             models=("Llama 2 7B", "Llama 3 8B")) -> bool:
+    """``answers``: {model name: how many whole sequences of ``tokens`` tokens fit, with their bf16 cache, in a GPU of
+    ``gpu_bytes`` bytes (80 GB = 80 × 10⁹ bytes) once the bf16 weights are loaded}."""
+    from ..memory import SHAPES
+
+    if not isinstance(answers, dict):
+        print(f"✗ expected a dict {{model name: number of sequences}} for {', '.join(models)}, got {_brief(answers)}")
+        return False
+    passed = True
+    for name in models:
+        shape = SHAPES[name]
+        weights, per_sequence = shape.weight_bytes(), shape.kv_cache_bytes(tokens)
+        want = (gpu_bytes - weights) // per_sequence
+        if name not in answers:
+            print(f"✗ {name}: no answer (the dict has {sorted(answers)})")
+            passed = False
+            continue
+        got = _as_number(answers[name], f"the answer for {name}")
+        if got is None:
+            passed = False
+            continue
+        if got == want:
+            print(f"✓ {name}: {want} sequences of {tokens:,} tokens ({per_sequence:,} bytes each) in the "
+                  f"{gpu_bytes - weights:,} bytes left after the weights")
+            continue
+        passed = False
+        kib_per_token = shape.kv_bytes_per_token() // 1024
+        hints = [((80 * 2**30 - weights) // per_sequence,
+                  f"that is 80 GiB (80 × 2³⁰ = {80 * 2**30:,} bytes); here 80 GB means 80 × 10⁹ bytes, "
+                  "as in the table's GB"),
+                 ((gpu_bytes - weights) / per_sequence, "a sequence fits only whole: round down"),
+                 ((gpu_bytes - weights) // per_sequence + 1, "a sequence fits only whole: round down"),
+                 (gpu_bytes // per_sequence, "the weights take their share of the memory first: subtract them"),
+                 ((gpu_bytes - weights) // (kib_per_token * 1000 * tokens),
+                  f"a KiB is 1,024 bytes: {kib_per_token} KiB per token is {shape.kv_bytes_per_token():,} bytes")]
+        hint = next((h for value, h in hints if abs(got - value) < 1e-6), "")
+        print(f"✗ {name}: expected {want} sequences, got {got:g}" + (f": {hint}" if hint else
+              f" ({gpu_bytes:,} bytes, minus {weights:,} of weights, over {per_sequence:,} bytes per sequence)"))
+    return passed
+
+
+@_stops_at_placeholder
+def check_token_forwards(fn, cases=((1, 1), (1, 120), (1, 300), (16, 10), (4, 125), (13, 24))) -> bool:
+    """``fn(prompt_len, n_new) -> (recompute, cached)``: the token-forwards each loop makes to write ``n_new``
+    tokens after a prompt of ``prompt_len`` (a block long enough that nothing slides). Recompute runs
+    ``prompt_len + i`` tokens at step i; the cached loop runs the prompt once, then each new token but the last."""
+    passed = True
+    for P, N in cases:
+        want = (N * P + N * (N - 1) // 2, P + N - 1)
+        label = f"prompt of {P}, {N} new token{'s' * (N > 1)}"
+        ok, got = _call(fn, P, N, label=label)
+        if not ok:
+            passed = False
+            continue
+        pair = tuple(_as_int(x) for x in got) if isinstance(got, (tuple, list)) and len(got) == 2 else None
+        if pair == want:
+            print(f"✓ {label}: {want[0]:,} without the cache, {want[1]:,} with it")
+            continue
+        passed = False
+        if pair is None or None in pair:
+            print(f"✗ {label}: expected a pair of whole numbers (recompute, cached), got {_brief(got)}")
+            continue
+        hints = []
+        if pair[1] == P + N:
+            hints.append("the last new token is never fed back: no step comes after it")
+        if pair[0] == N * P + N * (N + 1) // 2:
+            hints.append("step i (from 0) runs the prompt and the i tokens written so far: the last step runs "
+                         "P + N − 1 tokens, not P + N")
+        if P > 1 and pair[0] == N * (N + 1) // 2:
+            hints.append("every recompute step runs the whole prompt again")
+        print(f"✗ {label}: expected ({want[0]:,}, {want[1]:,}), got ({pair[0]:,}, {pair[1]:,})"
+              + "".join(f". {h[0].upper()}{h[1:]}" for h in hints))
+    return passed
+
+
+# notebook 6 ------------------------------------------------------------------------------------------------
+
+RIGHT_PAD_CASES = (([[0, 5, 6], [0, 7], [0]], 9), ([[3, 4], [5, 6]], 0))
+RIGHT_PAD_TEXTS = (("春风", "白日依山尽，", "床前看月光，疑是地上霜。"), ("春", "白日依山尽，黄河入海流。"))
+
+
+def _pad_right(prompts, pad_id):
+    T = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        idx[b, :len(p)] = torch.tensor(p)
+        mask[b, :len(p)] = True
+    return idx, mask
+
+
+@_stops_at_placeholder
+def check_right_padding(pad_right, next_logits, model, tokenizer, texts=RIGHT_PAD_TEXTS) -> bool:
+    """Right padding, in two functions. ``pad_right(prompts, pad_id) -> (idx, key_mask)``: the real tokens of each
+    row first, pads after them, ``key_mask`` True on real tokens. ``next_logits(model, idx, key_mask) -> (B, V)``:
+    each row's next-token logits from one forward pass over the right-padded batch. Each row must give what its
+    prompt gives alone (log-probabilities within 1e-4)."""
+    from ..decoding import pad_prompts, position_ids_from_mask
+
+    passed = True
+    for prompts, pad_id in RIGHT_PAD_CASES:
+        want_idx, want_mask = _pad_right(prompts, pad_id)
+        label = f"pad_right({prompts}, pad_id={pad_id})"
+        ok, got = _call(pad_right, [list(p) for p in prompts], pad_id, label=label)
+        if not ok:
+            passed = False
+            continue
+        try:
+            got_idx, got_mask = (torch.as_tensor(x) for x in got)
+            same = torch.equal(got_idx.long(), want_idx) and torch.equal(got_mask.bool(), want_mask)
+        except Exception:
+            print(f"✗ {label}: expected a pair of tensors (idx, key_mask), got {_brief(got)}")
+            passed = False
+            continue
+        if same:
+            print(f"✓ {label}: idx {want_idx.tolist()}")
+            continue
+        passed = False
+        left_idx, _ = pad_prompts(prompts, pad_id)
+        hint = (". That is left padding: here the real tokens come first and the pads after them"
+                if got_idx.shape == left_idx.shape and torch.equal(got_idx.long(), left_idx) else "")
+        print(f"✗ {label}: expected idx {want_idx.tolist()} and key_mask {want_mask.int().tolist()}, got idx "
+              f"{got_idx.tolist()} and key_mask {got_mask.int().tolist()}{hint}")
+    for group in texts:
+        prompts = [[tokenizer.eos_id, *tokenizer.encode(t)] for t in group]
+        idx, mask = _pad_right(prompts, tokenizer.eos_id)
+        with torch.inference_mode():  # what reading the last column gives, with or without the mask and positions
+            last_column = [model(idx, key_mask=mask, position_ids=position_ids_from_mask(mask))[0][:, -1],
+                           model(idx, key_mask=mask)[0][:, -1], model(idx)[0][:, -1]]
+        ok, got = _call(next_logits, model, idx.clone(), mask.clone(), label=f"next_logits for {list(group)}")
+        if not ok:
+            passed = False
+            continue
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (len(prompts), tokenizer.vocab_size):
+            print(f"✗ next_logits for {list(group)}: expected a tensor of shape {(len(prompts), tokenizer.vocab_size)}, "
+                  f"got {_brief(got) if not isinstance(got, torch.Tensor) else tuple(got.shape)}")
+            passed = False
+            continue
+        got = got.detach().float().log_softmax(-1)
+        for b, (text, p) in enumerate(zip(group, prompts)):
+            with torch.inference_mode():
+                alone = model(torch.tensor([p]))[0][0, -1].log_softmax(-1)
+            diff = float((got[b] - alone).abs().max())
+            if diff < 1e-4:
+                print(f"✓ row {b} 「{text}」: the same next-token distribution as the prompt alone")
+                continue
+            passed = False
+            kl = max(0.0, float((alone.exp() * (alone - got[b])).sum()))
+            hint = (f". You read the last column, which in this row is a pad: the row has {len(p)} real tokens of "
+                    f"{idx.shape[1]}, so its last real token is in column {len(p) - 1}"
+                    if any(float((got[b] - c[b].log_softmax(-1)).abs().max()) < 1e-4 for c in last_column) else "")
+            want_top, got_top = tokenizer.decode([int(alone.argmax())]), tokenizer.decode([int(got[b].argmax())])
+            print(f"✗ row {b} 「{text}」: {kl:.3f} nats (KL) from the prompt alone; "
+                  + (f"the favourite is the same, {want_top!r}, but the probabilities are not" if want_top == got_top
+                     else f"its favourite next token should be {want_top!r}, yours is {got_top!r}") + hint)
+    return passed
+
+
+@_stops_at_placeholder
+def check_one_token_characters(fn, tokenizer, poems, ns=(20, 200)) -> bool:
+    """``fn(poems, tokenizer, n) -> (single, split)``: the ``n`` most frequent characters of ``poems`` (punctuation
+    counts; a tie at the n-th place may be broken either way), in two lists: those ``tokenizer`` encodes as one
+    token, and those it splits into several."""
+    from collections import Counter
+
+    counts = Counter("".join(poems))
+    ranked = counts.most_common()
+    passed = True
+    for n in ns:
+        label = f"n = {n}"
+        ok, got = _call(fn, poems, tokenizer, n, label=label)
+        if not ok:
+            passed = False
+            continue
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(
+                isinstance(part, (list, tuple, str)) and all(isinstance(c, str) for c in part) for part in got)):
+            print(f"✗ {label}: expected a pair of lists of characters (single, split), got {_brief(got)}")
+            passed = False
+            continue
+        single, split = list(got[0]), list(got[1])
+        nth = ranked[n - 1][1]                                     # how often the n-th most frequent occurs
+        must = {c for c, k in ranked if k > nth}
+        problems = []
+        if len(single) + len(split) != n:
+            problems.append(f"the two lists hold {len(single) + len(split)} characters, expected {n}")
+        if len(set(single + split)) != len(single + split):
+            problems.append("a character appears twice")
+        missing = sorted(must - set(single + split), key=lambda c: -counts[c])
+        if missing:
+            problems.append(f"leaves out {''.join(missing[:8])} (e.g. {missing[0]!r} occurs {counts[missing[0]]:,} "
+                            f"times; the character at place {n} of the ranking occurs {nth:,} times)")
+        rare = [c for c in single + split if counts.get(c, 0) < nth]
+        if rare:
+            problems.append(f"includes {''.join(rare[:8])}, which occur{'s' * (len(rare) == 1)} fewer than {nth:,} "
+                            f"times (e.g. {rare[0]!r}: {counts.get(rare[0], 0):,})")
+        for c in single:
+            if len(tokenizer.encode(c)) != 1:
+                problems.append(f"puts {c!r} among the single tokens, but it is encoded as "
+                                f"{len(tokenizer.encode(c))} tokens ({' | '.join(tokenizer.token_bytes(i).hex(' ') for i in tokenizer.encode(c))})")
+                break
+        for c in split:
+            if len(tokenizer.encode(c)) == 1:
+                problems.append(f"puts {c!r} among the split characters, but it is one token "
+                                f"({tokenizer.token_bytes(tokenizer.encode(c)[0]).hex(' ')})")
+                break
+        if problems:
+            print(f"✗ {label}: " + "; ".join(problems))
+            passed = False
+        else:
+            print(f"✓ {label}: {len(single)} are one token, {len(split)} are split"
+                  + (f" (e.g. {''.join(split[:5])})" if split else ""))
+    return passed
+
+
+FILLER_CASES = (("two rows, one ends early", [[5, 6, 0, 0], [5, 6, 7, 8]], 0),
+                ("no row ends", [[1, 2, 3], [4, 5, 6]], 0),
+                ("a row ends at its first step", [[0, 0, 0, 0], [1, 2, 3, 0]], 0),
+                ("three rows", [[1, 2, 0], [0, 0, 0], [1, 0, 0]], 0),
+                ("the separator is id 3", [[7, 3, 3], [1, 2, 3]], 3))
+
+
+def _filler(rows, eos_id, eos_is_filler=False, unfinished_useful=True):
+    steps = len(rows[0])
+    useful = [(r.index(eos_id) + (0 if eos_is_filler else 1)) if eos_id in r else (steps if unfinished_useful else 0)
+              for r in rows]
+    return 1 - sum(useful) / (len(rows) * steps)
+
+
+@_stops_at_placeholder
+def check_filler_share(fn, cases=FILLER_CASES) -> bool:
+    """``fn(new_tokens, eos_id) -> float``: the share of row-steps that were filler, as a fraction. ``new_tokens`` is
+    (B, N); a row's steps up to and including its first ``eos_id`` wrote its poem, every step after it is filler, and
+    a row that never writes ``eos_id`` has no filler."""
+    passed = True
+    for name, rows, eos in cases:
+        want = _filler(rows, eos)
+        label = f"{name}: {rows}, eos_id {eos}"
+        ok, got = _call(fn, torch.tensor(rows), eos, label=label)
+        if not ok:
+            passed = False
+            continue
+        share = _as_number(got, f"the answer for {name}")
+        if share is None:
+            passed = False
+            continue
+        if _close(share, want):
+            print(f"✓ {label}: {share:.3f}")
+            continue
+        passed = False
+        hints = [(100 * want, "give a fraction, not a percentage"),
+                 (_filler(rows, eos, eos_is_filler=True), "the step that writes the separator is not filler: it ends "
+                                                          "the poem; only the steps after it are"),
+                 (_filler(rows, eos, unfinished_useful=False), "a row that never writes the separator works at "
+                                                               "every step: none of its steps is filler"),
+                 (1 - want, "that is the useful share: the filler is the rest")]
+        hint = next((h for value, h in hints if _close(share, value) and not _close(value, want)), "")
+        print(f"✗ {label}: expected {want:.4f}, got {share:.4f}" + (f". {hint[0].upper()}{hint[1:]}" if hint else ""))
+    return passed
+
+
+# notebook 8 ------------------------------------------------------------------------------------------------
+
+def _gain(alpha, gamma, guess_cost, verify_cost):
+    from ..speculative import expected_tokens_per_round
+
+    return expected_tokens_per_round(alpha, gamma) / (gamma * guess_cost + verify_cost)
+
+
+@_stops_at_placeholder
+def check_best_gamma(fn, cases=((0.6, 0.05, 1.2), (0.9, 0.05, 1.2), (0.3, 0.05, 1.2), (0.6, 0.3, 1.2),
+                                (0.8, 0.0, 1.0)), gammas=range(1, 9)) -> bool:
+    """``fn(alpha, guess_cost, verify_cost) -> gamma``: the γ in 1 … 8 that writes the most tokens per unit of cost,
+    expected_tokens_per_round(α, γ) / (γ × guess_cost + verify_cost), costs in decode steps."""
+    passed = True
+    for alpha, guess, verify in cases:
+        want = max(gammas, key=lambda g: _gain(alpha, g, guess, verify))
+        label = f"α = {alpha}, a guess {guess} and a verify pass {verify} decode steps"
+        ok, got = _call(fn, alpha, guess, verify, label=label)
+        if not ok:
+            passed = False
+            continue
+        g = _as_int(got)
+        if g == want:
+            print(f"✓ {label}: γ = {g} ({_gain(alpha, g, guess, verify):.3f} tokens per step of cost)")
+            continue
+        passed = False
+        if g is None or g not in gammas:
+            print(f"✗ {label}: expected γ = {want}, got {_brief(got)} (a whole number from {gammas[0]} to {gammas[-1]})")
+            continue
+        from ..speculative import expected_tokens_per_round
+
+        most = max(gammas, key=lambda k: expected_tokens_per_round(alpha, k))
+        hint = (". That γ writes the most tokens per call, but each guess costs too: divide by what the round costs"
+                if g == most and g != want and guess > 0 else "")
+        print(f"✗ {label}: expected γ = {want} ({_gain(alpha, want, guess, verify):.3f} tokens per step of cost), got "
+              f"γ = {g} ({_gain(alpha, g, guess, verify):.3f})" + hint)
+    return passed
+
+
+def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明", draws: int = 2000) -> bool:
+    """``share``: the share of ``draws`` guesses of ``draft`` after ``prompt`` that the rejection rule kept, at
+    temperature 1 with no q (the guess is certain). It must be p(x), the target's probability of the guess x,
+    within four standard errors of a share from ``draws`` draws."""
+    from ..sampling import probabilities
+    from ..text import encode_prompt
+
+    got = _as_number(share, "the share of kept guesses")
+    if got is None:
+        return False
+    ids = encode_prompt(tokenizer, prompt)
+    x = draft.propose(ids, 1)[0][0]
+    with torch.inference_mode():
+        p = float(probabilities(model(torch.tensor([ids]))[0][:, -1], 1.0)[0, x])
+    tol = 4 * math.sqrt(p * (1 - p) / draws) + 1e-9
+    guess = tokenizer.decode([x])
+    if abs(got - p) <= tol:
+        print(f"✓ kept {got:.3f} of the guesses {guess!r}; p({guess}) = {p:.3f}, within {tol:.3f} (four standard "
+              f"errors of a share of {draws:,} draws)")
+        return True
+    hints = [(abs(got - 100 * p) <= 100 * tol, "give a fraction, not a percentage"),
+             (got >= 1 - 1e-9, "every guess was kept: without q the guess is kept with probability p(x) / 1 = p(x)"),
+             (abs(got - (1 - p)) <= tol, "that is the share of rejected guesses")]
+    hint = next((h for hit, h in hints if hit), "")
+    print(f"✗ the share of kept guesses: expected p({guess}) = {p:.3f} ± {tol:.3f}, got {got:.3f}"
+          + (f". {hint[0].upper()}{hint[1:]}" if hint else ""))
+    return False
+
+
+BLOCK_CASES = ((40, 35, 16), (49, 31, 16), (33, 32, 16), (32, 16, 16), (16, 0, 16), (17, 16, 16), (48, 48, 16),
+               (20, 5, 8))
+
+
+@_stops_at_placeholder
+def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
+    """``fn(length_before, length_after, block_size) -> list of block indices``: the blocks (0, 1, 2, … in the
+    sequence's block table) that held at least one slot before the roll-back and hold none after it."""
+    passed = True
+    for before, after, size in cases:
+        want = list(range(-(-after // size), -(-before // size)))
+        label = f"{before} → {after} slots, blocks of {size}"
+        ok, got = _call(fn, before, after, size, label=label)
+        if not ok:
+            passed = False
+            continue
+        try:
+            blocks = sorted(_as_int(b) for b in got)
+        except Exception:
+            blocks = None
+        if blocks == want:
+            print(f"✓ {label}: {want}")
+            continue
+        passed = False
+        if blocks is None or None in blocks:
+            print(f"✗ {label}: expected a list of block indices {want}, got {_brief(got)}")
+            continue
+        hint = (". A block holding even one slot stays in use: count the blocks in use as ceil(length / "
+                "block_size), not length // block_size" if blocks == list(range(after // size, before // size)) else "")
+        print(f"✗ {label}: expected {want}, got {blocks}" + hint)
     return passed

@@ -118,3 +118,267 @@ def test_the_hook_checks_tell_a_form_kept_from_a_form_broken(shipped_char, capsy
     capsys.readouterr()
     assert not check_no_repeat_hook(lambda step, tokens, logits: logits, model, tok, n_new=80)
     assert "repeats" in capsys.readouterr().out
+
+
+# ---- notebooks 1, 5, 6 and 8: functions and numbers with known answers ------------------------------------
+
+from collections import Counter  # noqa: E402
+
+from kvlib import memory, pad_prompts, position_ids_from_mask  # noqa: E402
+from kvlib.notebook.exercises import (check_best_gamma, check_blocks_to_free, check_filler_share,  # noqa: E402
+                                      check_followers, check_half_cover, check_kept_share,
+                                      check_one_token_characters, check_rank, check_right_padding,
+                                      check_sequences_that_fit, check_token_forwards, check_tokens_to_match_weights)
+from kvlib.speculative import expected_tokens_per_round  # noqa: E402
+from kvlib.text import count_followers, next_token_probs, rank_of  # noqa: E402
+
+
+def placeholder(*args):
+    raise NotImplementedError("your code here")
+
+
+def assert_placeholder_reported(check, *args):
+    """The untouched placeholder (raising or returning None): False and one line, never an exception."""
+    import io
+    from contextlib import redirect_stdout
+
+    for stub in (placeholder, lambda *a: None):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert check(stub, *args) is False
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("✗"), lines
+        assert "NotImplementedError" in lines[0] or "returned None" in lines[0]
+
+
+def test_check_rank(shipped_char, capsys):
+    model, tok = shipped_char
+    assert check_rank(lambda text, ch, opening: rank_of(model, tok, text, ch, opening), model, tok)
+    assert all(line.startswith("✓") for line in capsys.readouterr().out.splitlines())
+
+    def zero_based_percent(text, ch, opening):
+        rank, p = rank_of(model, tok, text, ch, opening)
+        return rank - 1, 100 * p
+
+    assert not check_rank(zero_based_percent, model, tok)
+    out = capsys.readouterr().out
+    assert "expected rank 122" in out and "got rank 121" in out
+    assert "ranks count from 1" in out.lower() and "not as a percentage" in out
+    assert not check_rank(lambda text, ch, opening: rank_of(model, tok, text, ch, True), model, tok)
+    out = capsys.readouterr().out
+    assert "piece from anywhere: expected" in out and "opening=False" in out
+    assert_placeholder_reported(check_rank, model, tok)
+
+
+def test_check_followers(shipped_char, capsys):
+    from kvlib.tools.corpus import load_poems
+
+    model, tok = shipped_char
+    poems = load_poems()[:20000]
+
+    def table(text, opening=False, over_top=False):
+        counts = count_followers(poems, text)
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+        total = sum(c for _, c in top) if over_top else sum(counts.values())
+        p = next_token_probs(model, tok, text, opening=opening)
+        return [(ch, c / total, float(p[tok.encode(ch)[0]])) for ch, c in top]
+
+    texts = ("明月", "春风")
+    assert check_followers(table, model, tok, poems, texts)
+    capsys.readouterr()
+    assert not check_followers(lambda text: table(text, opening=True), model, tok, poems, texts)
+    out = capsys.readouterr().out
+    assert "should be" in out and "with the separator in front" in out
+    assert not check_followers(lambda text: table(text, over_top=True), model, tok, poems, texts)
+    assert "not only the top 5" in capsys.readouterr().out
+    assert not check_followers(lambda text: table(text)[::-1], model, tok, poems, texts)
+    assert "place 1 should be" in capsys.readouterr().out
+    assert_placeholder_reported(check_followers, model, tok, poems, texts)
+
+
+def test_check_half_cover(shipped_char, capsys):
+    model, tok = shipped_char
+
+    def right(probs):
+        return int((probs.sort(descending=True).values.cumsum(0) < 0.5).sum()) + 1
+
+    assert check_half_cover(right, model, tok) and check_half_cover(right)
+    capsys.readouterr()
+    assert not check_half_cover(lambda probs: int((probs.cumsum(0) < 0.5).sum()) + 1)
+    out = capsys.readouterr().out
+    assert "(not sorted): expected 2, got 3" in out and "Sort the probabilities" in out
+    assert not check_half_cover(lambda probs: int((probs.sort(descending=True).values.cumsum(0) <= 0.5).sum()) + 1)
+    assert "eight tokens of 0.125: expected 4, got 5" in capsys.readouterr().out
+    assert_placeholder_reported(check_half_cover)
+
+
+def test_check_tokens_to_match_weights(capsys):
+    shape = memory.SHAPES["Llama 3 8B"]
+    tokens = shape.weight_bytes() / shape.kv_bytes_per_token()
+    assert check_tokens_to_match_weights(round(tokens), False)
+    capsys.readouterr()
+    assert not check_tokens_to_match_weights(tokens / 4, False)
+    assert "Off by a factor 4" in capsys.readouterr().out
+    assert not check_tokens_to_match_weights(tokens / 2, False)
+    assert "key and a value" in capsys.readouterr().out
+    assert not check_tokens_to_match_weights(tokens, True)
+    assert "inside the trained context: expected False, got True" in capsys.readouterr().out
+    assert not check_tokens_to_match_weights(None, None)
+    out = capsys.readouterr().out
+    assert "still None" in out and "True or False" in out
+
+
+def test_check_sequences_that_fit(capsys):
+    names = ("Llama 2 7B", "Llama 3 8B")
+    right = {n: (80 * 10**9 - memory.SHAPES[n].weight_bytes()) // memory.SHAPES[n].kv_cache_bytes(4096) for n in names}
+    assert right == {"Llama 2 7B": 30, "Llama 3 8B": 119}
+    assert check_sequences_that_fit(right)
+    capsys.readouterr()
+    gib = {n: (80 * 2**30 - memory.SHAPES[n].weight_bytes()) // memory.SHAPES[n].kv_cache_bytes(4096) for n in names}
+    assert not check_sequences_that_fit(gib)
+    out = capsys.readouterr().out
+    assert "expected 30 sequences, got 33" in out and "80 GiB" in out and "80 × 10⁹ bytes" in out
+    assert not check_sequences_that_fit({"Llama 2 7B": 31, "Llama 3 8B": 119})
+    assert "round down" in capsys.readouterr().out
+    assert not check_sequences_that_fit(None) and not check_sequences_that_fit({n: None for n in names})
+    assert "still None" in capsys.readouterr().out
+
+
+def test_check_token_forwards(capsys):
+    assert check_token_forwards(lambda P, N: (N * P + N * (N - 1) // 2, P + N - 1))
+    capsys.readouterr()
+    assert not check_token_forwards(lambda P, N: (N * P + N * (N + 1) // 2, P + N))
+    out = capsys.readouterr().out
+    assert "prompt of 1, 120 new tokens: expected (7,260, 120), got (7,380, 121)" in out
+    assert "never fed back" in out and "P + N − 1" in out
+    assert not check_token_forwards(lambda P, N: (N * (N + 1) // 2, P + N - 1))
+    assert "runs the whole prompt again" in capsys.readouterr().out
+    assert_placeholder_reported(check_token_forwards)
+
+
+def test_check_right_padding(shipped_char, capsys):
+    model, tok = shipped_char
+
+    def pad_right(prompts, pad_id):
+        T = max(len(p) for p in prompts)
+        idx = torch.full((len(prompts), T), pad_id)
+        mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            idx[b, :len(p)], mask[b, :len(p)] = torch.tensor(p), True
+        return idx, mask
+
+    def own_last_token(model, idx, key_mask):
+        with torch.inference_mode():
+            logits, _ = model(idx, key_mask=key_mask, position_ids=position_ids_from_mask(key_mask))
+        return logits[torch.arange(len(idx)), key_mask.sum(-1) - 1]
+
+    def last_column(model, idx, key_mask):
+        with torch.inference_mode():
+            return model(idx, key_mask=key_mask)[0][:, -1]
+
+    assert check_right_padding(pad_right, own_last_token, model, tok)
+    capsys.readouterr()
+    assert not check_right_padding(pad_right, last_column, model, tok)
+    out = capsys.readouterr().out
+    assert "row 0 「春风」" in out and "nats (KL)" in out and "You read the last column" in out
+    assert "✓ row 2" in out  # the longest row has no pad: its last column is right
+    assert not check_right_padding(pad_prompts, own_last_token, model, tok)
+    assert "That is left padding" in capsys.readouterr().out
+    assert_placeholder_reported(lambda fn, *a: check_right_padding(fn, fn, *a), model, tok)
+
+
+def test_check_one_token_characters(bpe_tokenizer, capsys):
+    split_char = next(c for c in "马望别闻阳髭髦饥骊鹧鸪" if len(bpe_tokenizer.encode(c)) > 1)
+    poems = ["白日依山尽，黄河入海流。欲穷千里目，更上一层楼。", "床前看月光，疑是地上霜。举头望山月，低头思故乡。",
+             "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。"] * 3 + ["山月山月山，" + split_char * 4 + "。"]
+
+    def right(poems, tokenizer, n):
+        top = [c for c, _ in Counter("".join(poems)).most_common(n)]
+        return [c for c in top if len(tokenizer.encode(c)) == 1], [c for c in top if len(tokenizer.encode(c)) > 1]
+
+    assert check_one_token_characters(right, bpe_tokenizer, poems, ns=(3, 10))
+    capsys.readouterr()
+    top = [c for c, _ in Counter("".join(poems)).most_common(10)]
+    assert any(len(bpe_tokenizer.encode(c)) > 1 for c in top), "the case needs a split character"
+    assert not check_one_token_characters(lambda p, t, n: (right(p, t, n)[0] + right(p, t, n)[1], []),
+                                          bpe_tokenizer, poems, ns=(10,))
+    assert "among the single tokens, but it is encoded as" in capsys.readouterr().out
+
+    def without_punctuation(poems, tokenizer, n):
+        top = [c for c, _ in Counter(c for p in poems for c in p if c not in "，。").most_common(n)]
+        return [c for c in top if len(tokenizer.encode(c)) == 1], [c for c in top if len(tokenizer.encode(c)) > 1]
+
+    assert not check_one_token_characters(without_punctuation, bpe_tokenizer, poems, ns=(10,))
+    out = capsys.readouterr().out
+    assert "leaves out" in out and "'。' occurs 19 times" in out
+    assert_placeholder_reported(check_one_token_characters, bpe_tokenizer, poems)
+
+
+def test_check_filler_share(capsys):
+    def right(new_tokens, eos_id):
+        rows, steps = new_tokens.tolist(), new_tokens.shape[1]
+        useful = [r.index(eos_id) + 1 if eos_id in r else steps for r in rows]
+        return 1 - sum(useful) / (len(rows) * steps)
+
+    assert check_filler_share(right)
+    capsys.readouterr()
+    assert not check_filler_share(lambda t, eos: 100 * right(t, eos))
+    assert "not a percentage" in capsys.readouterr().out
+
+    def separator_as_filler(new_tokens, eos_id):
+        rows, steps = new_tokens.tolist(), new_tokens.shape[1]
+        return 1 - sum(r.index(eos_id) if eos_id in r else steps for r in rows) / (len(rows) * steps)
+
+    assert not check_filler_share(separator_as_filler)
+    out = capsys.readouterr().out
+    assert "expected 0.1250, got 0.2500" in out and "is not filler" in out
+    assert_placeholder_reported(check_filler_share)
+
+
+def test_check_best_gamma(capsys):
+    def gain(a, g, c, v):
+        return expected_tokens_per_round(a, g) / (g * c + v)
+
+    right = lambda a, c, v: max(range(1, 9), key=lambda g: gain(a, g, c, v))  # noqa: E731
+    assert right(0.6, 0.05, 1.2) == 4
+    assert check_best_gamma(right)
+    capsys.readouterr()
+    assert not check_best_gamma(lambda a, c, v: max(range(1, 9), key=lambda g: expected_tokens_per_round(a, g)))
+    out = capsys.readouterr().out
+    assert "expected γ = 4" in out and "got γ = 8" in out and "divide by what the round costs" in out
+    assert not check_best_gamma(lambda a, c, v: 0)
+    assert "a whole number from 1 to 8" in capsys.readouterr().out
+    assert_placeholder_reported(check_best_gamma)
+
+
+def test_check_kept_share(shipped_char, capsys):
+    from kvlib import encode_prompt, probabilities
+
+    model, tok = shipped_char
+    x = tok.encode("月")[0]
+
+    class Certain:  # a draft that always guesses 月
+        def propose(self, tokens, gamma):
+            return [x] * gamma, None
+
+    with torch.inference_mode():
+        p = float(probabilities(model(torch.tensor([encode_prompt(tok, "举头望明")]))[0][:, -1], 1.0)[0, x])
+    assert check_kept_share(p + 0.01, model, tok, Certain())
+    capsys.readouterr()
+    assert not check_kept_share(1.0, model, tok, Certain())
+    assert "Every guess was kept" in capsys.readouterr().out
+    assert not check_kept_share(100 * p, model, tok, Certain())
+    assert "not a percentage" in capsys.readouterr().out
+    assert not check_kept_share(None, model, tok, Certain())
+    assert "still None" in capsys.readouterr().out
+
+
+def test_check_blocks_to_free(capsys):
+    assert check_blocks_to_free(lambda before, after, size=16: list(range(-(-after // size), -(-before // size))))
+    capsys.readouterr()
+    assert not check_blocks_to_free(lambda before, after, size=16: list(range(after // size, before // size)))
+    out = capsys.readouterr().out
+    assert "49 → 31 slots, blocks of 16: expected [2, 3], got [1, 2]" in out and "ceil(length / block_size)" in out
+    assert not check_blocks_to_free(lambda before, after, size=16: list(range(-(-after // 16), -(-before // 16))))
+    assert "20 → 5 slots, blocks of 8: expected [1, 2]" in capsys.readouterr().out
+    assert_placeholder_reported(check_blocks_to_free)

@@ -110,8 +110,8 @@ DECODERS = {"fast": FastDecoder, "model": CachedDecoder}
 
 def make_decoder(decoder, model: GPT, batch_size: int, max_len: int):
     """Build a decoder from a name in ``DECODERS``, a factory ``(model, batch_size, max_len)``, or None (fast)."""
-    if decoder is None:
-        decoder = "fast"
+    if decoder is None:  # the lean path where it applies, else the teaching model
+        decoder = "fast" if model.config.multi_head else "model"
     if isinstance(decoder, str):
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {sorted(DECODERS)} or a factory "

@@ -25,16 +25,41 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
+    n_kv_head: int = 0   # key/value heads; 0: one per query head. Fewer: grouped-query attention (1: multi-query)
+    kv_latent: int = 0   # > 0: keys and values come from one latent vector of this size per position (MLA)
 
     def __post_init__(self):
         for name, value in asdict(self).items():
-            check_int(f"GPTConfig.{name}", value, 1)
+            check_int(f"GPTConfig.{name}", value, 0 if name in ("n_kv_head", "kv_latent") else 1)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_kv_head and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head ({self.n_kv_head}) must divide n_head ({self.n_head}): each key/value "
+                             f"head serves a group of query heads")
+        if self.n_kv_head and self.kv_latent:
+            raise ValueError("n_kv_head and kv_latent exclude each other: fewer key/value heads, or one latent")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or one per query head."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def multi_head(self) -> bool:
+        """Plain multi-head attention: one key/value head per query head, no latent."""
+        return self.kv_heads == self.n_head and not self.kv_latent
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """What one position of one layer stores: (heads, key size, value size). A latent is kept once, as
+        a one-head key of its size with an empty value."""
+        if self.kv_latent:
+            return 1, self.kv_latent, 0
+        return self.kv_heads, self.head_size, self.head_size
 
 
 @runtime_checkable
@@ -86,11 +111,13 @@ class KVCache:
         batch_size = check_int("batch_size", batch_size, 1)
         max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
                             f"an int in [1, block_size={config.block_size}]")
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
+        heads, key_size, value_size = config.cache_shape
+        shape = (config.n_layer, batch_size, heads, max_len, key_size)
+        v_shape = shape[:-1] + (value_size,)
         if buffers is None:
-            buffers = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+            buffers = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(v_shape, device=device, dtype=dtype)
         elif not (isinstance(buffers, tuple) and len(buffers) == 2
-                  and all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape for t in buffers)):
+                  and all(isinstance(t, torch.Tensor) and tuple(t.shape) == want for t, want in zip(buffers, (shape, v_shape)))):
             raise ValueError(f"buffers must be a tuple (k, v) of two tensors of shape {shape}")
         self.k, self.v = buffers
         self.length = 0
@@ -181,20 +208,56 @@ class GrowingKVCache:
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # fused q, k, v
+        self.n_head, self.n_kv_head = config.n_head, config.kv_heads
+        kv = 2 * self.n_kv_head * config.head_size  # keys and values: n_embd each unless heads are shared
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv)  # fused q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        H, Hkv, D = self.n_head, self.n_kv_head, C // self.n_head
+        q, k, v = self.c_attn(x).split([C, Hkv * D, Hkv * D], dim=2)
+        q = q.view(B, T, H, D).transpose(1, 2)                                         # (B, H, T, D)
+        k, v = (t.view(B, T, Hkv, D).transpose(1, 2) for t in (k, v))                  # (B, Hkv, T, D)
         if cache is not None:
-            k, v = cache.write(layer, k, v)  # (B, H, S, D): the past never changes, so it is reused
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # mask (B, 1, T, S)
+            k, v = cache.write(layer, k, v)  # (B, Hkv, S, D): the past never changes, so it is reused
+        # With fewer key/value heads (grouped-query attention) each serves H / Hkv query heads.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=Hkv < H)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # mask (B, 1, T, S) or None: plain causal
+
+
+class LatentSelfAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2, without its rotary part): each position stores one latent
+    vector c (size r) from which every head's key and value are made, k_h = W_k,h c and v_h = W_v,h c.
+
+    Training computes keys and values explicitly. Decoding with a cache never makes them: since
+    q_h . (W_k,h c) = (W_k,h^T q_h) . c and sum_j a_j W_v,h c_j = W_v,h sum_j a_j c_j, the two
+    up-projections move to the query and to the output, and attention runs on the cached latents
+    (one head of size r) directly. Our positions are learned and added at the input, so keys carry no
+    position-dependent rotation and this absorption is exact; with RoPE it would not be.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.latent = config.n_head, config.kv_latent
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + self.latent)    # queries, and the latent
+        self.kv_up = nn.Linear(self.latent, 2 * config.n_embd, bias=False)     # latent -> every key and value
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
+        B, T, C = x.shape
+        H, D, r = self.n_head, C // self.n_head, self.latent
+        q, c = self.c_attn(x).split([C, r], dim=2)
+        q, c = q.view(B, T, H, D).transpose(1, 2), c[:, None]                         # (B, H, T, D), (B, 1, T, r)
+        w_k, w_v = (w.view(H, D, r) for w in self.kv_up.weight.split(C))             # per head: (D, r) each
+        if cache is None:  # explicit keys and values
+            k, v = (c @ w.transpose(1, 2) for w in (w_k, w_v))                       # (B, H, T, D)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        else:              # absorbed: attention over the cached latents, (B, 1, S, r)
+            c, _ = cache.write(layer, c, c[..., :0])
+            y = F.scaled_dot_product_attention(q @ w_k, c, c, attn_mask=mask, is_causal=mask is None,
+                                               scale=D ** -0.5, enable_gqa=True)      # (B, H, T, r)
+            y = y @ w_v.transpose(1, 2)                                               # (B, H, T, D)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -212,7 +275,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = LatentSelfAttention(config) if config.kv_latent else CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 

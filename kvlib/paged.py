@@ -22,7 +22,7 @@ import torch
 from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_choice, check_config, check_device,
                      check_dtype, check_id_list, check_int, check_key, check_model, check_real)
 from .decoding import DECODERS, generate
-from .fast import PagedStep
+from .fast import PagedStep, check_multi_head
 from .model import GPT, GPTConfig
 
 BLOCK_SIZE = 16
@@ -59,6 +59,7 @@ class BlockPool:
 
     def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, device=None, dtype=None):
         check_config(config, GPTConfig)
+        check_multi_head(config, "the paged cache")
         self.block_size = check_int("block_size", block_size, 1, config.block_size,
                                     f"an int in [1, {config.block_size}] (the model's block size at most)")
         top = MAX_POSITIONS // self.block_size

@@ -510,7 +510,7 @@ WIDGET_CASES = [
      ["too long", "at most 12 characters"]),
     ("explorer: negative temperature", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", -0.5, n_chars=4),
      ["temperature", r"(>= 0|\[0\.0, )", "-0.5"]),
-    ("explorer: top-p 0", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", 1.0, 0, 0.0, n_chars=4),
+    ("explorer: top-p 0", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", 1.0, None, 0.0, n_chars=4),
      ["top_p", r"\(0, 1\]", "got 0"]),
     ("explorer: negative top-k", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", 1.0, -3, 1.0, n_chars=4),
      ["top_k", ">= 1", "-3"]),

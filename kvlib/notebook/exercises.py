@@ -345,7 +345,8 @@ def check_followers(fn, model, tokenizer, poems, texts=("明月", "春风", "白
             print(f"✗ 「{text}」: " + "; ".join(problems[:3] if more else problems) + more)
             passed = False
         else:
-            print(f"✓ 「{text}」 ({total:,} times): " + "  ".join(f"{ch} {s:.1%}/{p:.1%}" for ch, s, p in want))
+            print(f"✓ 「{text}」 ({total:,} times), corpus share / model probability: "
+                  + "  ".join(f"{ch} {s:.1%}/{p:.1%}" for ch, s, p in want))
     return passed
 
 

@@ -216,8 +216,8 @@ def loss_curve_figure(history: list[dict], title: str = "") -> Figure:
     """Train loss (light line) and validation loss (markers) against step."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    steps = [row["step"] for row in history]
-    ax.plot(steps, [row["train_loss"] for row in history], color="tab:blue", alpha=0.5, lw=1, label="train")
+    train = [(row["step"], row["train_loss"]) for row in history if "train_loss" in row]  # not a converted start's
+    ax.plot(*zip(*train), color="tab:blue", alpha=0.5, lw=1, label="train")
     val = [(row["step"], row["val_loss"]) for row in history if row.get("val_loss") is not None]
     if val:
         ax.plot(*zip(*val), "o-", color="tab:orange", ms=5, label="validation")

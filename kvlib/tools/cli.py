@@ -404,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     models = ["tang-char", "tang-bpe"]
+    smaller_caches = ["tang-char-gqa2", "tang-char-mqa", "tang-char-mla"]  # training.SMALLER_CACHES, without torch
 
     p = sub.add_parser("demo", help="the walkthrough's six sections in the terminal")
     p.set_defaults(func=cmd_demo)
@@ -454,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_speculate)
 
     p = sub.add_parser("train", help="train a model and write it to data/")
-    p.add_argument("--model", choices=models + ["tang-char-draft"], default="tang-char", help="the model to train")
+    p.add_argument("--model", choices=models + ["tang-char-draft", *smaller_caches], default="tang-char",
+                   help="the model to train (the last three: notebook 9's smaller caches, converted from tang-char)")
     p.add_argument("--steps", type=_positive_int, help="optimiser steps (default: the model's recipe)")
     p.add_argument("--batch-size", type=_positive_int, help="windows per step (default: the model's recipe)")
     p.add_argument("--lr", type=_real, help="peak learning rate (default: the model's recipe)")

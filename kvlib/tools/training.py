@@ -25,16 +25,25 @@ from .integrity import (DATA_DIR, MANIFEST_NAME, check_regular_file, record, rem
 from .loading import load_tokenizer, save_tokenizer
 
 ROOT = DATA_DIR.parent
-TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer, "tang-char-draft": CharTokenizer}
+# Notebook 9's smaller caches start from the shipped tang-char (init_from) and train on for 5 % of its steps.
+SMALLER_CACHES = ("tang-char-gqa2", "tang-char-mqa", "tang-char-mla")
+TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer, "tang-char-draft": CharTokenizer,
+              **{name: CharTokenizer for name in SMALLER_CACHES}}
 # A draft model for speculative decoding must share its target's ids: it reuses the target's shipped
-# tokenizer file (checked against the manifest) instead of building a vocabulary of its own.
-SHARED_TOKENIZER = {"tang-char-draft": "tang-char"}
+# tokenizer file (checked against the manifest) instead of building a vocabulary of its own; so do the
+# models converted from tang-char.
+SHARED_TOKENIZER = {"tang-char-draft": "tang-char", **{name: "tang-char" for name in SMALLER_CACHES}}
+UPTRAINING = {"init_from": "tang-char", "steps": 200, "lr": 1e-3, "min_lr": 1e-4, "warmup": 20, "eval_every": 50}
 # Each shipped model's recipe where it differs from TrainConfig's defaults. The draft is one layer, so
 # that a step costs little; the clean corpus's tang-char trains 4,000 steps to reach 4.60 nats/char.
 RECIPES = {
     "tang-char": {"steps": 4000},
     "tang-bpe": {"steps": 4000},
     "tang-char-draft": {"n_layer": 1, "steps": 800, "batch_size": 16},
+    # key/value heads mean-pooled 4 -> 2 and 4 -> 1, or keys and values from a 16-number latent (SVD)
+    "tang-char-gqa2": {**UPTRAINING, "n_kv_head": 2},
+    "tang-char-mqa": {**UPTRAINING, "n_kv_head": 1},
+    "tang-char-mla": {**UPTRAINING, "kv_latent": 16},
 }
 
 
@@ -52,6 +61,9 @@ class TrainConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
+    n_kv_head: int = 0        # GPTConfig's: 0 is one key/value head per query head
+    kv_latent: int = 0        # GPTConfig's: 0 is no latent
+    init_from: str = ""       # a shipped model to convert (compress.grouped / latent) and train on from
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 200
@@ -79,7 +91,16 @@ class TrainConfig:
             check_seed(self.seed)
         except TypeError as e:
             raise ValueError(str(e)) from None
-        for name in ("out_dir", "work_dir"):
+        for name in ("n_kv_head", "kv_latent"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: off), got {value!r}")
+        if self.init_from not in ("", "tang-char"):
+            raise ValueError(f"init_from must be '' (random weights) or 'tang-char', got {self.init_from!r}")
+        if self.init_from and SHARED_TOKENIZER.get(self.model) != self.init_from:
+            raise ValueError(f"init_from={self.init_from!r} needs a model that shares its tokenizer; "
+                             f"{self.model!r} does not")
+        for name in ("out_dir", "work_dir", "init_from"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a str (a folder), got {getattr(self, name)!r}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
@@ -229,6 +250,18 @@ def _finite_weights(model: GPT) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+def converted(cfg: TrainConfig, mcfg: GPTConfig) -> GPT:
+    """The shipped ``cfg.init_from`` (sha256-checked) turned into ``mcfg``'s shape by :mod:`kvlib.compress`."""
+    from ..compress import grouped, latent
+    from .loading import load_pretrained
+
+    base, _ = load_pretrained(cfg.init_from)
+    model = latent(base, mcfg.kv_latent) if mcfg.kv_latent else grouped(base, mcfg.kv_heads)
+    if model.config != mcfg:
+        raise ValueError(f"init_from={cfg.init_from!r} has the shape {base.config}; the recipe asks for {mcfg}")
+    return model
+
+
 def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bool, restart: bool = False) -> dict:
     from tqdm.auto import tqdm
 
@@ -284,9 +317,9 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
     chars_per_token = val_chars / len(val_ids)
 
     mcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
-                     n_head=cfg.n_head, n_embd=cfg.n_embd)
+                     n_head=cfg.n_head, n_embd=cfg.n_embd, n_kv_head=cfg.n_kv_head, kv_latent=cfg.kv_latent)
     torch.manual_seed(cfg.seed)
-    model = GPT(mcfg)
+    model = GPT(mcfg) if not cfg.init_from else converted(cfg, mcfg)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -317,6 +350,9 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
         model.train()
         return val
 
+    if step == 0 and cfg.init_from:  # where the converted model starts, before any training
+        start = evaluate()
+        history.append({"step": 0, "val_loss": start, "val_nats_per_char": start / chars_per_token, "elapsed_s": 0.0})
     bar = tqdm(total=cfg.steps, initial=step, desc=cfg.model, disable=not progress, mininterval=2)
     model.train()
     t0 = time.perf_counter()
@@ -358,6 +394,8 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
         raise _not_finite("final validation loss", val_loss, step, lr_at(step, cfg), saved_at[0])
     metrics = {"steps": step, "train_seconds": round(elapsed, 1), "val_loss_per_token": val_loss,
                "val_nats_per_char": val_loss / chars_per_token, "params": model.num_params()}
+    if cfg.init_from:
+        metrics["converted_from"] = cfg.init_from
     export(model, tok, cfg, history, metrics, out_dir)
     return metrics
 

@@ -30,7 +30,7 @@ def test_format_top_rounds_to_one_decimal():
 
 @pytest.mark.parametrize("make, fragment", [
     (lambda m, t: sampling_explorer.SliderExplorer(m, t, temperature=5.0), r"temperature must be a number in \[0.0, 2.0\].*5.0"),
-    (lambda m, t: sampling_explorer.SliderExplorer(m, t, top_k=101), r"top_k .*\[0, 100\].*101"),
+    (lambda m, t: sampling_explorer.SliderExplorer(m, t, top_k=101), r"top_k .*\[1, 100\].*101"),
     (lambda m, t: sampling_explorer.SliderExplorer(m, t, seed=-1), r"seed .*-1"),
     (lambda m, t: sampling_explorer.explore(m, t, "春", n_chars=0), r"n_chars .*got 0"),
     (lambda m, t: sampling_explorer.explore(m, t, "春", n_chars=200), r"n_chars .*\[1, 128\].*200"),

@@ -197,3 +197,34 @@ def test_windows_are_non_overlapping_and_shifted_by_one():
 def test_train_config_rejects_an_unknown_model():
     with pytest.raises(ValueError, match="tang-char"):
         TrainConfig(model="tang-word", out_dir="unused", work_dir="unused")
+
+
+@pytest.mark.parametrize("name,shape", [("tang-char-gqa2", (2, 32, 32)), ("tang-char-mqa", (1, 32, 32)),
+                                        ("tang-char-mla", (1, 16, 0))])
+def test_a_smaller_cache_recipe_converts_tang_char_and_trains_on(tmp_path, name, shape):
+    """Notebook 9's recipes start from the shipped tang-char, converted, and log where they started."""
+    from kvlib.tools.loading import load_pretrained
+
+    from kvlib.tools.corpus import load_poems
+
+    poems = load_poems()[:400]
+    cfg = train_mod.config_for(name, steps=2, batch_size=2, eval_every=1, eval_batches=1,
+                               out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "run"))
+    assert cfg.init_from == "tang-char" and cfg.steps == 2
+    assert train_mod.config_for(name).steps == 200  # 5 % of tang-char's 4,000
+    metrics = train_mod.train(cfg, poems=poems, progress=False)
+    assert metrics["converted_from"] == "tang-char"
+    log = json.loads((tmp_path / "out" / f"{name}.log.json").read_text())
+    assert log["history"][0]["step"] == 0 and "val_loss" in log["history"][0]  # before any training
+    ckpt = torch.load(tmp_path / "out" / f"{name}.pt", weights_only=True)
+    cfg_out = GPTConfig(**ckpt["config"])
+    assert cfg_out.cache_shape == shape and ckpt["tokenizer"] == "tang-char.tokenizer.json"
+    base, _ = load_pretrained("tang-char")
+    assert cfg_out.vocab_size == base.config.vocab_size
+
+
+def test_init_from_needs_a_shared_tokenizer():
+    with pytest.raises(ValueError, match="needs a model that shares its tokenizer"):
+        train_mod.TrainConfig(model="tang-bpe", init_from="tang-char")
+    with pytest.raises(ValueError, match="init_from must be"):
+        train_mod.TrainConfig(model="tang-char-mqa", init_from="tang-bpe")

@@ -1,0 +1,46 @@
+"""What a smaller cache costs in quality: decode through it token by token and compare with the full cache.
+
+:func:`stepwise_logits` feeds a batch of texts through a cache one token at a time, as decoding does,
+so that everything the cache drops or rounds shows in the next logits (a single pass over a whole
+text would never read the cache). :func:`cache_cost` compares those logits with the full cache's:
+
+- **nats per token**: the mean next-token loss on the text (for tang-char one token is one character);
+- **KL**: the mean Kullback-Leibler divergence KL(full || smaller) of the next-token distributions, in
+  nats, 0 when the two agree exactly;
+- **top-1 agreement**: the share of positions where both put the same token first (what greedy
+  decoding would write, given the same text so far).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checks import check_model
+from .decoding import CacheDecoder
+from .model import GPT
+
+__all__ = ["stepwise_logits", "cache_cost"]
+
+
+@torch.inference_mode()
+def stepwise_logits(model: GPT, idx: torch.Tensor, cache) -> torch.Tensor:
+    """(B, T, V): the logits after each token of ``idx`` (B, T), fed one token a step through ``cache``."""
+    check_model(model)
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1:
+        raise ValueError(f"idx must be a (B, T) tensor of token ids with T >= 1, got {idx!r:.60}")
+    if idx.shape[1] > cache.max_len:
+        raise ValueError(f"idx has {idx.shape[1]} tokens; the cache holds {cache.max_len} positions")
+    dec = CacheDecoder(model, cache)
+    return torch.stack([dec(idx[:, t: t + 1]) for t in range(idx.shape[1])], dim=1)
+
+
+def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> dict:
+    """Compare ``logits`` with the full cache's ``reference`` (both (B, T, V)) on ``targets`` (B, T)."""
+    if reference.shape != logits.shape or targets.shape != logits.shape[:2]:
+        raise ValueError(f"reference and logits must be (B, T, V) alike and targets (B, T), got "
+                         f"{tuple(reference.shape)}, {tuple(logits.shape)} and {tuple(targets.shape)}")
+    log_p, log_q = F.log_softmax(reference.double(), -1), F.log_softmax(logits.double(), -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)                                   # (B, T)
+    nats = F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten(), reduction="mean")
+    agree = (reference.argmax(-1) == logits.argmax(-1)).double().mean()
+    return {"nats_per_token": float(nats), "kl": float(kl.mean()), "top1_agreement": float(agree)}

@@ -21,18 +21,19 @@ def test_token_by_token_through_the_full_cache_equals_one_pass(tiny_gpt):
     assert torch.allclose(stepwise_logits(tiny_gpt, x, KVCache(tiny_gpt.config, 3)), whole, atol=1e-5)
 
 
-def test_the_full_cache_against_itself_costs_nothing_and_a_cut_costs_something(tiny_gpt):
-    x, y = ids(tiny_gpt), ids(tiny_gpt, seed=1)
-    ref = stepwise_logits(tiny_gpt, x, KVCache(tiny_gpt.config, 3))
+def test_the_full_cache_against_itself_costs_nothing_and_a_cut_costs_something(shipped_char):
+    model, tok = shipped_char
+    x = torch.tensor([tok.encode("床前明月光，疑是地上霜。举头望明月，低头思故乡。")])
+    x, y = x[:, :-1], x[:, 1:]
+    ref = stepwise_logits(model, x, KVCache(model.config, 1))
     same = cache_cost(ref, ref, y)
     assert same["kl"] == pytest.approx(0, abs=1e-12) and same["top1_agreement"] == 1.0
     expected = torch.nn.functional.cross_entropy(ref.flatten(0, 1), y.flatten()).item()
     assert same["nats_per_token"] == pytest.approx(expected, rel=1e-5)
-    cut = cache_cost(ref, stepwise_logits(tiny_gpt, x, SlidingWindowCache(tiny_gpt.config, 3, window=2)), y)
-    two_bit = cache_cost(ref, stepwise_logits(tiny_gpt, x, QuantizedKVCache(tiny_gpt.config, 3, bits=2, group_size=4)), y)
+    cut = cache_cost(ref, stepwise_logits(model, x, SlidingWindowCache(model.config, 1, window=4)), y)
+    two_bit = cache_cost(ref, stepwise_logits(model, x, QuantizedKVCache(model.config, 1, bits=2)), y)
     for c in (cut, two_bit):
-        assert c["kl"] > 1e-5 and math.isfinite(c["nats_per_token"])
-    assert cut["top1_agreement"] < 1.0
+        assert c["kl"] > 1e-3 and c["top1_agreement"] < 1.0 and math.isfinite(c["nats_per_token"])
 
 
 def test_kl_is_the_textbook_sum():

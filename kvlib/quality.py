@@ -12,6 +12,8 @@ text would never read the cache). :func:`cache_cost` compares those logits with 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +21,7 @@ from .checks import check_model
 from .decoding import CacheDecoder
 from .model import GPT
 
-__all__ = ["stepwise_logits", "cache_cost"]
+__all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
 
 
 @torch.inference_mode()
@@ -44,3 +46,32 @@ def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Ten
     nats = F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten(), reduction="mean")
     agree = (reference.argmax(-1) == logits.argmax(-1)).double().mean()
     return {"nats_per_token": float(nats), "kl": float(kl.mean()), "top1_agreement": float(agree)}
+
+
+@torch.inference_mode()
+def attention_weights(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """(L, B, H, T, T): every layer's causal attention weights over ``idx`` (B, T), multi-head models.
+
+    A forward hook keeps each layer's fused q, k, v; the weights are softmax(q k^T / sqrt(D)) under the
+    causal mask, what the model's attention computes inside its fused kernel.
+    """
+    check_model(model)
+    if not model.config.multi_head:
+        raise ValueError("attention_weights reads multi-head attention models (one key/value head per query head)")
+    captured = []
+    hooks = [block.attn.c_attn.register_forward_hook(lambda m, i, out: captured.append(out))
+             for block in model.transformer.h]
+    try:
+        model(idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    B, T = idx.shape
+    C, H = model.config.n_embd, model.config.n_head
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    weights = []
+    for qkv in captured:                                                   # (B, T, 3C) each
+        q, k, _ = (t.view(B, T, H, C // H).transpose(1, 2) for t in qkv.split(C, dim=2))  # (B, H, T, D)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
+        weights.append(scores.masked_fill(~causal, float("-inf")).softmax(-1))
+    return torch.stack(weights)

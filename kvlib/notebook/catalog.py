@@ -55,6 +55,9 @@ NOTEBOOKS = (
     # papers (Leviathan et al. 2023, Chen et al. 2023): 2-3x on large models; the 1.3x goal
     Notebook(8, "08_speculative_decoding.ipynb", "Speculative decoding: guess cheaply, verify in one pass", RNG_LINE,
              "speculative round", frozenset({"3", "1.3"})),
+    # papers: KIVI 2.6x less peak memory; GQA about 5 % uptraining; DeepSeek-V2 93.3 % smaller cache
+    Notebook(9, "09_shrinking_the_cache.ipynb", "Shrinking the cache: fewer bytes per token, and what they cost",
+             RNG_LINE, declared=frozenset({"2.6", "5", "93.3"})),
 )
 DECLARED_EVERYWHERE = frozenset({"100", "50"})  # "100 %", "50 %": whole and half, as words
 

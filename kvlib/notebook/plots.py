@@ -464,3 +464,32 @@ def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Fi
     ordered = [row[c] for c in range(ncols) for row in rows]
     fig.legend(ordered, [h.get_label() for h in ordered], loc="outside lower center", ncols=ncols)
     return fig
+
+
+# ---- notebook 9: smaller caches ---------------------------------------------------------------------
+
+FAMILY_STYLE = {"quantised": ("tab:blue", "o"), "evicted": ("tab:green", "s"), "fewer heads": (HIGHLIGHT_COLOR, "^"),
+                "latent": ("tab:purple", "D")}
+
+
+def plot_cache_tradeoff(table: dict) -> Figure:
+    """Memory cut (x) against the KL divergence from the full cache (y, log scale), one marker per setting.
+
+    The full cache itself (no cut, KL 0) is the reference every point is measured against.
+    """
+    fig = Figure(figsize=(7.5, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    for family, (color, marker) in FAMILY_STYLE.items():
+        rows = [r for r in table["rows"] if r["family"] == family]
+        if rows:
+            ax.plot([100 * r["memory_cut"] for r in rows], [max(r["kl"], 1e-7) for r in rows], marker, color=color,
+                    ms=9, ls="none", label=family)
+    ax.set_yscale("log")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("memory cut against the float32 cache (%)")
+    ax.set_ylabel("KL from the full cache (nats)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left")
+    _set_title(ax, f"cost in quality against memory saved, {table['texts']} texts of {table['length']} tokens",
+               fig.get_figwidth() - 1.4)
+    return fig

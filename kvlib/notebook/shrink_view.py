@@ -1,0 +1,64 @@
+"""Notebook 9's widget: pick a way of shrinking the cache, see its bytes and its cost, and read a poem written with it.
+
+The numbers come from the table of :func:`kvlib.tools.shrink_bench.shrink_table`; the poem is written
+live, through the chosen cache (or by the converted model), from the same prompt and seed each time.
+"""
+from __future__ import annotations
+
+import html
+
+import torch
+
+from ..decoding import cache_decoder, generate
+from ..text import encode_prompt, no_unk
+from ..tools.shrink_bench import converted, settings
+from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
+
+
+class ShrinkView:
+    """A dropdown of every setting in ``table``; ``text()`` is the current answer as plain text."""
+
+    def __init__(self, model, tokenizer, table: dict, prompt: str = "春风", n_chars: int = 46, seed: int = 0):
+        import ipywidgets as w
+
+        if not isinstance(table, dict) or not isinstance(table.get("rows"), list) or not table["rows"]:
+            raise TypeError("table must be what kvlib.tools.shrink_bench.shrink_table returns")
+        self.prompt = require_str("prompt", prompt)
+        check_setting("n_chars", n_chars, 1, model.config.block_size - len(prompt) - 1, integer=True)
+        check_setting("seed", seed, 0, 2**63 - 1, integer=True)
+        self.model, self.tokenizer, self.table, self.n_chars, self.seed = model, tokenizer, table, n_chars, seed
+        self.rows = {r["label"]: r for r in table["rows"]}
+        self.settings = {s.label: s for s in settings(table["length"])}
+        self.choice = w.Dropdown(options=list(self.rows), value=next(iter(self.rows)), description="cache",
+                                 style=control_style(), layout=in_row(420, 280, 560))
+        self.output = w.HTML(layout=w.Layout(width="100%"))
+        self.choice.observe(lambda _: self._refresh(), names="value")
+        self.widget = frame(self.choice, self.output)
+        self._refresh()
+
+    def poem(self, label: str) -> str:
+        """``n_chars`` characters after the prompt, sampled at temperature 0.8 with the view's seed."""
+        s = self.settings[label]
+        model = self.model if s.model is None else converted(self.model, s.model)
+        decoder = None if s.cache is None else cache_decoder(s.cache, **s.options)
+        idx = torch.tensor([encode_prompt(self.tokenizer, self.prompt)])
+        out = generate(model, idx, self.n_chars, temperature=0.8, generator=torch.Generator().manual_seed(self.seed),
+                       logits_hook=no_unk(self.tokenizer), decoder=decoder if s.model is None else "model")
+        return self.prompt + self.tokenizer.decode(out.new_tokens[0].tolist()).replace("\n", " ")
+
+    def text(self) -> str:
+        r = self.rows[self.choice.value]
+        return (f"{r['label']}: {r['bytes_per_token']:,.0f} bytes a token ({100 * r['memory_cut']:.1f} % less than "
+                f"float32), {r['nats_per_token']:.3f} nats/token, KL {r['kl']:.4f}, top-1 the same as the full "
+                f"cache at {100 * r['top1_agreement']:.1f} % of positions\n{self.poem(self.choice.value)}")
+
+    def show(self) -> None:
+        display(LiveWidget(self.widget, self.output.value))
+
+    def _refresh(self) -> None:
+        try:
+            numbers, poem = self.text().split("\n", 1)
+            self.output.value = (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>{html.escape(numbers)}</p>"
+                                 f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>「{html.escape(poem)}」</p>")
+        except Exception as err:  # shown in place of the answer
+            self.output.value = message_html(error_message(err))

@@ -105,3 +105,9 @@ def test_an_old_configuration_loads_as_multi_head():
     cfg = GPTConfig(vocab_size=8)
     assert cfg.multi_head and cfg.kv_heads == cfg.n_head and cfg.cache_shape == (4, 32, 32)
     assert KVCache(cfg, 1).k.shape == KVCache(cfg, 1).v.shape
+
+
+def test_converting_leaves_the_global_rng_alone(base):
+    before = torch.get_rng_state()
+    grouped(base, 2), latent(base, 4)
+    assert torch.equal(before, torch.get_rng_state())

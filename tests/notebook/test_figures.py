@@ -125,6 +125,13 @@ SPEC_ROWS = {
 SPEC_RESULTS = {name: [{"gamma": g, "tokens_per_call": t, "formula": f, "us_per_token": us}
                        for g, (t, f, us) in enumerate(rows, 1)] for name, rows in SPEC_ROWS.items()}
 PLAIN_US = 1555.0
+# notebook 9's table, as shrink_table returns it (the numbers of one run)
+SHRINK_ROWS = [("full cache", 0.0, 0.0), ("quantised", 0.688, 0.00001), ("quantised", 0.812, 0.0011),
+               ("quantised", 0.875, 0.0288), ("quantised", 0.583, 0.0007), ("evicted", 0.5, 0.023),
+               ("evicted", 0.5, 0.0154), ("evicted", 0.492, 0.011), ("fewer heads", 0.5, 1.21),
+               ("fewer heads", 0.5, 0.2), ("fewer heads", 0.75, 1.7), ("fewer heads", 0.75, 0.4), ("latent", 0.938, 0.64),
+               ("latent", 0.938, 0.15)]
+SHRINK_TABLE = {"texts": 50, "length": 48, "rows": [{"family": f, "memory_cut": c, "kl": k} for f, c, k in SHRINK_ROWS]}
 HISTORY = [{"step": s, "train_loss": 8.0 * 0.995**s + 3.2, "val_loss": 8.0 * 0.995**s + 3.3 if s % 250 == 0 else None}
            for s in range(1, 3001)]
 
@@ -141,6 +148,7 @@ def cases(char):
         "plot_cache_memory": [plots.plot_cache_memory,                                                 # notebook 5
                               lambda: plots.plot_cache_memory(dtype="float32", max_batch=64, highlight="Llama 3 8B")],
         "plot_speculation_sweep": [lambda: plots.plot_speculation_sweep(SPEC_RESULTS, PLAIN_US)],       # notebook 8
+        "plot_cache_tradeoff": [lambda: plots.plot_cache_tradeoff(SHRINK_TABLE)],                      # notebook 9
     }
 
 

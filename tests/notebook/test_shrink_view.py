@@ -1,0 +1,39 @@
+"""Notebook 9's view: a row of the table and a poem written through the chosen cache."""
+from __future__ import annotations
+
+import pytest
+
+from kvlib.notebook.shrink_view import ShrinkView
+from kvlib.tools.shrink_bench import PAPERS, settings
+
+
+def table(length=48):
+    rows = [{"family": s.family, "setting": s.name, "label": s.label, "bytes_per_token": 4096.0 / (i + 1),
+             "memory_cut": 1 - 1 / (i + 1), "nats_per_token": 4.8 + i / 100, "kl": i / 1000, "top1_agreement": 1 - i / 100}
+            for i, s in enumerate(settings(length))]
+    return {"texts": 50, "length": length, "full_bytes_per_token": 4096, "rows": rows, "papers": PAPERS}
+
+
+def test_each_choice_shows_its_row_and_a_poem_written_through_it(char):
+    model, tok = char
+    view = ShrinkView(model, tok, table(), n_chars=12)
+    poems = {}
+    for label in ("full cache: float32", "quantised: 2-bit", "evicted: window of 24", "latent: r = 16, SVD"):
+        view.choice.value = label
+        numbers, poem = view.text().split("\n")
+        assert numbers.startswith(label) and "bytes a token" in numbers and label in view.output.value
+        assert poem.startswith("春风") and len(poem) == 2 + 12
+        poems[label] = poem
+    assert poems["full cache: float32"] != poems["latent: r = 16, SVD"]  # a converted model writes its own
+    view.choice.value = "full cache: float32"
+    assert view.text().split("\n")[1] == poems["full cache: float32"]     # the same seed: the same poem
+
+
+def test_bad_settings_are_refused(char):
+    model, tok = char
+    with pytest.raises(TypeError, match="table must be"):
+        ShrinkView(model, tok, {"rows": []})
+    with pytest.raises(ValueError, match="n_chars"):
+        ShrinkView(model, tok, table(), n_chars=200)
+    with pytest.raises(TypeError, match="prompt must be a str"):
+        ShrinkView(model, tok, table(), prompt=5)

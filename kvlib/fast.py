@@ -239,7 +239,7 @@ class FastDecoder:
                 f"idx: {T} new token(s) after {start} cached ones need {start + T} positions; the cache holds {self.max_len}")
         return T
 
-    def _mask(self, pos: int, T: int) -> torch.Tensor | None:
+    def step_mask(self, pos: int, T: int) -> torch.Tensor | None:
         """(T, pos + T) additive causal mask: new token i sees the cached keys and new tokens 0 … i."""
         if T == 1:
             return None  # one new token sees every key
@@ -265,7 +265,7 @@ class FastDecoder:
             buf = self._buffers[T] = _StepBuffers(B, T, self.config, dict(device=self.kv.device, dtype=self.kv.dtype))
         at = self.positions.narrow(0, pos, T)                        # (T,): the new tokens' cache slots
         if key_mask is None:
-            mask, where = self._mask(pos, T), self.wpe.narrow(0, pos, T)   # (T, C): positions shared by all rows
+            mask, where = self.step_mask(pos, T), self.wpe.narrow(0, pos, T)   # (T, C): positions shared by all rows
         else:
             mask, where = additive_mask(key_mask, self.kv.dtype), F.embedding(position_ids, self.wpe)  # (B, 1, 1, S), (B, 1, C)
         torch.add(F.embedding(idx, self.wte), where, out=buf.x3)

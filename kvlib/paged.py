@@ -260,9 +260,17 @@ class PagedKVCache:
             need += 1  # the shared, partly filled last block is copied before it is written
         return need
 
-    def _reserve(self, sid, n_new: int) -> None:
-        """Make room for ``n_new`` more tokens: copy a shared last block, then add blocks as needed."""
-        table, b = self.tables[sid], self.block_size
+    def reserve(self, sid, n_new: int) -> None:
+        """Make room for ``n_new`` more tokens: copy a shared last block, then add blocks as needed.
+
+        ``forward`` reserves for every sequence of its batch; refused, with nothing taken, when the pool
+        cannot give what it needs."""
+        table, b = self.table(sid), self.block_size
+        n_new = check_int("n_new", n_new, 1, self.config.block_size - table.length,
+                          f"an int in [1, {self.config.block_size - table.length}] (room left in the model's block)")
+        if self._blocks_to_take([sid], [[0] * n_new]) > self.pool.num_free:
+            raise RuntimeError(f"the block pool is full: sequence {sid!r} needs more blocks than the "
+                               f"{self.pool.num_free} free; free or preempt a sequence first")
         if table.length % b:  # the next token goes into the last block, which must be ours alone
             last = table.blocks[-1]
             if self._must_copy(last):
@@ -336,11 +344,11 @@ class PagedKVCache:
             raise RuntimeError(f"the block pool is full: this batch needs {need} blocks at its peak, "
                                f"{self.pool.num_free} are free; free or preempt a sequence first")
         for sid, new in zip(sids, new_tokens):
-            self._reserve(sid, len(new))
+            self.reserve(sid, len(new))
         return PagedBatch(self, list(sids), new_tokens)
 
     def _blocks_to_take(self, sids, new_tokens) -> int:
-        """Free blocks that ``_reserve`` will take for this batch, in its order (copies on write included)."""
+        """Free blocks that ``reserve`` will take for this batch, in its order (copies on write included)."""
         b, refs, free = self.block_size, {}, self.pool.num_free
         lowest = free
         for sid, new in zip(sids, new_tokens):

@@ -15,11 +15,16 @@ from .checks import check_generator, check_logits, check_sampling, check_tempera
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "draw"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The steps, unchecked (the public functions below check their input, then call these)
-# ---------------------------------------------------------------------------------------------
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Scale logits (B, V) -> (B, V) so that softmax gives ``softmax(logits / temperature)``.
 
-def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    ``temperature`` must be a finite number >= 0. Below 1 the distribution sharpens, above 1 it
+    flattens. At 0 the limit is returned: 0 for each row's first argmax, -inf everywhere else.
+    Every finite value is safe: outside [1e-30, 1e30] the division is done in float64 (float64
+    scores are returned), so 1e-300 gives the argmax's one-hot and 1e300 the uniform distribution
+    over the tokens that are not banned (-inf stays -inf).
+    """
+    logits, temperature = check_logits(logits), check_temperature(temperature)
     # Softmax ignores a constant added to a row, so shift each row's maximum to 0 first:
     # the result has the same softmax as logits / T, and a tiny T cannot overflow to +inf.
     shifted = logits - logits.amax(dim=-1, keepdim=True)                  # (B, V), max 0 per row
@@ -35,14 +40,30 @@ def _temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return shifted / temperature                                           # (B, V)
 
 
-def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Keep the ``k`` largest logits of each row (B, V) -> (B, V); the rest become -inf.
+
+    ``k`` must be an int >= 1 (None: no filter); ``k`` > V keeps everything. Tokens tied with the k-th
+    largest value are all kept, so a row may keep more than ``k`` tokens.
+    """
+    logits, k = check_logits(logits), check_top_k(k)
+    if k is None:
+        return logits.clone()
     k = min(k, logits.shape[-1])                                           # k > V keeps everything
     kth = logits.topk(k, dim=-1).values[:, -1:]                            # (B, 1) k-th largest
     return logits.masked_fill(logits < kth, float("-inf"))                # ties with kth are kept
 
 
-def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    if p == 1:
+def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
+    """Keep the nucleus of each row (B, V) -> (B, V); the rest become -inf.
+
+    The nucleus is the shortest run of tokens, taken by descending probability (stable sort,
+    so ties go to the lower token id), whose probability mass is at least ``p``. A token is
+    dropped once the mass of the tokens strictly before it has reached ``p``; the most likely
+    token is always kept. ``p`` must be in (0, 1] (None: no filter); ``p`` = 1 keeps everything.
+    """
+    logits, p = check_logits(logits), check_top_p(p)
+    if p is None or p == 1:
         return logits.clone()                                              # the whole vocabulary
     probs = logits.softmax(dim=-1, dtype=torch.float32)                   # (B, V)
     # Stable descending sort: among equal probabilities the lower token id comes first.
@@ -54,69 +75,6 @@ def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def _probabilities(logits: torch.Tensor, temperature: float, top_k: int | None,
-                   top_p: float | None) -> torch.Tensor:
-    scores = _temperature(logits, temperature)                             # (B, V)
-    if temperature > 0:
-        if top_k is not None:
-            scores = _top_k(scores, top_k)
-        if top_p is not None:
-            scores = _top_p(scores, top_p)
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
-
-
-def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-         generator: torch.Generator | None) -> torch.Tensor:
-    """``sample_next`` without its checks, for decoding loops that checked their settings once: (B, 1)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
-    probs = _probabilities(logits, temperature, top_k, top_p)
-    return torch.multinomial(probs, 1, generator=generator)
-
-
-# ---------------------------------------------------------------------------------------------
-# Public functions
-# ---------------------------------------------------------------------------------------------
-
-def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Scale logits (B, V) -> (B, V) so that softmax gives ``softmax(logits / temperature)``.
-
-    Each row is shifted so its maximum is 0 before dividing (softmax is unchanged by the shift).
-    ``temperature`` must be a finite number >= 0. Below 1 the distribution sharpens, above 1 it
-    flattens. At 0 the limit is returned: 0 for each row's first argmax, -inf everywhere else.
-    Every finite value is safe: outside [1e-30, 1e30] the division is done in float64 (float64
-    scores are returned), so 1e-300 gives the argmax's one-hot and 1e300 the uniform distribution
-    over the tokens that are not banned (-inf stays -inf).
-    """
-    check_logits(logits)
-    return _temperature(logits, check_temperature(temperature))
-
-
-def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the ``k`` largest logits of each row (B, V) -> (B, V); the rest become -inf.
-
-    ``k`` must be an int >= 1 (None: no filter); ``k`` > V keeps everything. Tokens tied with the k-th largest value
-    are all kept, so a row may keep more than ``k`` tokens.
-    """
-    check_logits(logits)
-    k = check_top_k(k)
-    return logits.clone() if k is None else _top_k(logits, k)
-
-
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the nucleus of each row (B, V) -> (B, V); the rest become -inf.
-
-    The nucleus is the shortest run of tokens, taken by descending probability (stable sort,
-    so ties go to the lower token id), whose probability mass is at least ``p``. A token is
-    dropped once the mass of the tokens strictly before it has reached ``p``; the most likely
-    token is always kept. ``p`` must be in (0, 1] (None: no filter); ``p`` = 1 keeps everything.
-    """
-    check_logits(logits)
-    p = check_top_p(p)
-    return logits.clone() if p is None else _top_p(logits, p)
-
-
 def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None) -> torch.Tensor:
     """The distribution (B, V) that ``sample_next`` draws from: rows sum to 1, dropped tokens are 0.
@@ -125,8 +83,20 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     (first) argmax and the filters are skipped, though their arguments are still checked.
     Probabilities are float32, or float64 when the logits are float64.
     """
-    check_logits(logits)
-    return _probabilities(logits, *check_sampling(temperature, top_k, top_p))
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    scores = apply_temperature(logits, temperature)                       # (B, V)
+    if temperature > 0:
+        scores = top_p_filter(top_k_filter(scores, top_k), top_p)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row (B, 1) from ``probabilities``, for decoding loops; greedy at temperature 0."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
+    return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -255,17 +255,22 @@ class Engine:
         now = self.clock.now()
         return [s for s in self.waiting if s.request.arrival <= now]
 
-    def _admit(self) -> list[RequestState]:
+    def plan_admission(self) -> list[RequestState]:
+        """The waiting requests the next ``step()`` admits, in order; changes nothing.
+
+        From the head of the queue, while each has arrived, fits the token budget of one prefill and
+        finds blocks for its tokens with the watermark left free (no watermark when nothing runs).
+        """
         admitted, budget, now = [], self.max_num_batched_tokens, self.clock.now()
         free = self.cache.pool.num_free
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
-            seq = self.waiting[0]
+        for seq in self.waiting:
+            if len(self.running) + len(admitted) >= self.max_num_seqs:
+                break
             n = len(seq.tokens)
             blocks = self.cache.blocks_needed(n + 1)  # +1: room for the token the prefill chooses
             keep = self.watermark_blocks if self.running or admitted else 0  # room for the running to grow
             if seq.request.arrival > now or n > budget or blocks + keep > free:
                 break
-            self.waiting.popleft()
             admitted.append(seq)
             budget, free = budget - n, free - blocks
         return admitted
@@ -304,7 +309,9 @@ class Engine:
 
     def _step(self) -> StepRecord:
         self._released = {}
-        admitted = self._admit()
+        admitted = self.plan_admission()
+        for _ in admitted:
+            self.waiting.popleft()
         preempted, computed = [], 0
         if admitted:
             kind, seqs = "prefill", admitted

@@ -75,6 +75,22 @@ def _model_lock(model: GPT) -> threading.Lock:
     with _locks_guard:
         return _locks.setdefault(model, threading.Lock())
 
+def last_token_attention(cache, queries: dict[int, torch.Tensor], config) -> torch.Tensor:
+    """(L, H, S): softmax(q . k / sqrt(D)) of the last fed token over the S keys of ``cache`` (batch row 0).
+
+    ``queries[layer]`` is that token's query (C,); the keys are read from the cache buffer, what the
+    model's attention read.
+    """
+    S = cache.length
+    H, D = config.n_head, config.head_size
+    rows = []
+    for layer in range(config.n_layer):
+        q = queries[layer].view(H, D, 1)                   # (H, D, 1)
+        keys = cache.k[layer, 0, :, :S]                    # (H, S, D): what the cache stores
+        scores = (keys @ q).squeeze(-1) / math.sqrt(D)     # (H, S); the last token sees all S keys
+        rows.append(scores.softmax(-1))
+    return torch.stack(rows)
+
 
 class CacheStepper:
     """Cached decoding of one prompt, one token per :meth:`step`, with its inside on show.
@@ -219,19 +235,7 @@ class CacheStepper:
             for h in handles:
                 h.remove()
         self.logits = without_unk(self.tokenizer, logits[:, -1])  # (1, V): the scores the next token is drawn by
-        self.attention = self._attention(queries)
-
-    def _attention(self, queries: dict[int, torch.Tensor]) -> torch.Tensor:
-        """(L, H, S) softmax(q . k / sqrt(D)) of the last fed token over the S cached keys."""
-        S = self.cache.length
-        H, D = self.model.config.n_head, self.model.config.head_size
-        rows = []
-        for layer in range(self.model.config.n_layer):
-            q = queries[layer].view(H, D, 1)                   # (H, D, 1)
-            keys = self.cache.k[layer, 0, :, :S]               # (H, S, D): what the cache stores
-            scores = (keys @ q).squeeze(-1) / math.sqrt(D)     # (H, S); the last token sees all S keys
-            rows.append(scores.softmax(-1))
-        return torch.stack(rows)
+        self.attention = last_token_attention(self.cache, queries, self.model.config)
 
     # ---- what to show -----------------------------------------------------------------------
 

@@ -247,3 +247,22 @@ def test_every_source_listing_shown_is_the_installed_source(notebook):
     assert len(listings) >= shown.count("show_source("), f"{notebook.name}: run it again; a listing has no saved output"
     stale = [name for name, code in listings if html.unescape(code) != inspect.getsource(resolve(html.unescape(name)))]
     assert not stale, f"{notebook.name}: re-run it; these listings differ from the installed code: {stale}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_object_a_notebook_shows_is_public(notebook):
+    """What a learner reads is the library's public surface: no listing of a private name."""
+    import html
+
+    from kvlib.notebook.source import resolve
+
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    names = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            names += re.findall(r'<details data-source="([^"]+)"', "".join(out.get("data", {}).get("text/html", "")))
+    private = [n for n in map(html.unescape, names)
+               if any(part.startswith("_") for part in re.split(r"[.:]", n))]
+    assert not private, f"{notebook.name} shows private names: {private}; make them public or show the public caller"
+    for name in map(html.unescape, names):
+        resolve(name)  # exists

@@ -142,9 +142,20 @@ def _speculative(model, tok):
     yield view
 
 
+def _shrink(model, tok):
+    from kvlib.notebook.shrink_view import ShrinkView
+
+    from .test_shrink_view import table
+
+    view = ShrinkView(model, tok, table(), n_chars=8)
+    yield view
+    view.choice.value = "evicted: window of 24"
+    yield view
+
+
 CASES = {"PromptBox": _prompt_box, "SliderExplorer": _explorer, "AcrosticWriter": _acrostic,
          "StepperWidget": _stepper, "MemoryCalculator": _calculator, "ServingView": _serving,
-         "SpeculativeView": _speculative}
+         "SpeculativeView": _speculative, "ShrinkView": _shrink}
 
 
 def test_every_widget_class_has_a_fit_case():

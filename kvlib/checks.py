@@ -14,7 +14,22 @@ import torch
 
 
 class ContextLimitError(ValueError):
-    """More positions than the model's block (or a cache) holds: crop the input or ask for fewer tokens."""
+    """More positions than the model's block (or a cache) holds: crop the input or ask for fewer tokens.
+
+    Its two messages are written once, here: :meth:`cache_full` before a forward pass that would not
+    fit, :meth:`block_full` when generation stops at the block's end.
+    """
+
+    @classmethod
+    def cache_full(cls, new: int, cached: int, room: int, name: str = "") -> "ContextLimitError":
+        return cls(f"{name + ': ' if name else ''}{new} new token(s) after {cached} cached ones need {cached + new} "
+                   f"positions; the cache holds {room}")
+
+    @classmethod
+    def block_full(cls, prompt: int, new: int, block: int) -> "ContextLimitError":
+        budget = block - prompt + 1  # the last new token is never fed back
+        return cls(f"{prompt} prompt tokens + {new} new ones need {prompt + new} tokens; the block holds {block} "
+                   f"positions, so at most {budget} new tokens fit")
 
 
 # ---- numbers -----------------------------------------------------------------------------------
@@ -301,8 +316,7 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
     start = cache.length if cache is not None else 0
     S = start + T
     if cache is not None and S > cache.max_len:
-        raise ContextLimitError(
-            f"{T} new token(s) after {start} cached ones need {S} positions; the cache holds {cache.max_len}")
+        raise ContextLimitError.cache_full(T, start, cache.max_len)
     if position_ids is None and S > config.block_size:
         raise ContextLimitError(
             f"position {S - 1} is past the block size {config.block_size}: crop the input "

@@ -202,9 +202,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
                 logits = dec(nxt, masks[:, : T + n], positions)
                 positions += 1
     if reason == "context_limit" and on_context_limit == "raise":
-        raise ContextLimitError(
-            f"{T} prompt tokens + {max_new_tokens} new ones need {T + max_new_tokens} tokens; the "
-            f"block holds {block} positions, so at most {budget} new tokens fit")
+        raise ContextLimitError.block_full(T, max_new_tokens, block)
     return _finish(out, T, n, lengths, reason, finished)
 
 

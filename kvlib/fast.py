@@ -235,8 +235,7 @@ class FastDecoder:
         if B != self.batch_size:
             raise ValueError(f"idx has {B} rows but the decoder was built for batch_size={self.batch_size}")
         if start + T > self.max_len:
-            raise ContextLimitError(
-                f"idx: {T} new token(s) after {start} cached ones need {start + T} positions; the cache holds {self.max_len}")
+            raise ContextLimitError.cache_full(T, start, self.max_len, "idx")
         return T
 
     def step_mask(self, pos: int, T: int) -> torch.Tensor | None:

@@ -241,8 +241,7 @@ class QuantizedKVCache:
             raise ValueError(f"write takes k and v of shape (B, H, T, D) = {expected}, got {tuple(k.shape)} "
                              f"and {tuple(v.shape)}")
         if self.length + k.shape[2] > self.max_len:
-            raise ContextLimitError(f"{k.shape[2]} new position(s) after {self.length} need "
-                                    f"{self.length + k.shape[2]}; the cache holds {self.max_len}")
+            raise ContextLimitError.cache_full(k.shape[2], self.length, self.max_len)
         keys.append(k)
         values.append(v)
         return keys.read(), values.read()

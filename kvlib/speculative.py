@@ -500,9 +500,7 @@ def speculative_generate(model: GPT, draft: Draft, idx: torch.Tensor, max_new_to
         dec.round()
     if dec.stop_reason == "context_limit" and on_context_limit == "raise":
         T, block = dec.prompt_length, model.config.block_size
-        raise ContextLimitError(
-            f"{T} prompt tokens + {max_new_tokens} new ones need {T + max_new_tokens} tokens; the "
-            f"block holds {block} positions, so at most {dec.budget} new tokens fit")
+        raise ContextLimitError.block_full(T, max_new_tokens, block)
     return dec.result()
 
 

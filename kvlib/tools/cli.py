@@ -15,6 +15,22 @@ class UsageError(Exception):
     """Bad command-line input: reported in one line, exit status 2."""
 
 
+def rounded(obj, digits: int = 4):
+    """``obj`` with every float rounded to ``digits`` significant digits, for reading (lists, tuples, dicts inside)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def to_json(obj, indent: int | None = 2) -> str:
+    """The commands' JSON: floats to 4 significant digits, Chinese as it is, anything else as its str."""
+    return json.dumps(rounded(obj), indent=indent, ensure_ascii=False, default=str)
+
+
 def _load(name: str):
     from .loading import load_pretrained
 
@@ -157,12 +173,12 @@ def cmd_generate(args) -> None:
             raise UsageError("--benchmark needs --max-new-tokens >= 1")
         report["benchmark"] = compare(model, idx, n)
     if args.json:
-        print(json.dumps(report, ensure_ascii=False, indent=2))
+        print(to_json(report))
         return
     if report["verify"] is not None:
         print("\n".join(_verify_lines(report["verify"])))
     if report["benchmark"] is not None:
-        print(f"benchmark: {json.dumps(report['benchmark'], ensure_ascii=False)}")
+        print(f"benchmark: {to_json(report['benchmark'], indent=None)}")
 
 
 def _generate_batch(args) -> None:
@@ -208,7 +224,7 @@ def _generate_batch(args) -> None:
         report["verify"] = [_verify_report(verify_cache(model, torch.tensor([p]), min(64, block - len(p) + 1)))
                             for p in ids]
     if args.json:
-        print(json.dumps(report, ensure_ascii=False, indent=2))
+        print(to_json(report))
         return
     for p, c in zip(prompts, completions):
         print(p + c)
@@ -253,7 +269,7 @@ def cmd_bench(args) -> None:
     from .bench import format_report, run_bench
 
     report = run_bench(progress=not args.json)
-    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+    print(to_json(report) if args.json else format_report(report))
 
 
 def cmd_speculate(args) -> None:
@@ -262,7 +278,7 @@ def cmd_speculate(args) -> None:
     model, tok = _load("tang-char")
     report = run_spec_bench(model, tok, new_tokens=args.new_tokens, rounds=args.rounds,
                             with_transformers=not args.no_transformers, progress=not args.json)
-    print(json.dumps(report, indent=2, ensure_ascii=False, default=str) if args.json else format_report(report))
+    print(to_json(report) if args.json else format_report(report))
 
 
 def cmd_serve(args) -> None:
@@ -273,7 +289,7 @@ def cmd_serve(args) -> None:
         raise UsageError(f"--rate must be a number of arrivals per second > 0, got {args.rate}")
     model, tok = _load("tang-char")
     report = run_serve_bench(model, tok, load_poems(), n_requests=args.requests, rate=args.rate, seed=args.seed)
-    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else format_report(report))
+    print(to_json(report) if args.json else format_report(report))
 
 
 def cmd_shrink(args) -> None:
@@ -281,7 +297,7 @@ def cmd_shrink(args) -> None:
 
     model, tok = _load("tang-char")
     table = shrink_table(model, tok)
-    print(json.dumps(table, indent=2, ensure_ascii=False) if args.json else format_table(table))
+    print(to_json(table) if args.json else format_table(table))
 
 
 def cmd_prepare_data(args) -> None:
@@ -328,7 +344,7 @@ def cmd_train(args) -> None:
         raise
     except (UnfinishedRunError, ValueError) as e:  # what to pass instead: --resume, --restart, the saved settings
         raise UsageError(str(e)) from None
-    print(json.dumps(metrics, indent=2))
+    print(to_json(metrics))
 
 
 def _positive_int(text: str) -> int:

@@ -9,6 +9,7 @@ import torch
 from ..constraints import acrostic
 from ..decoding import generate, generate_uncached
 from ..text import count_followers, top_next, write
+from ..timing import threads
 from .corpus import load_poems
 
 SEED = 1337
@@ -60,9 +61,7 @@ def sections(model, tok):
     # One timeline per run: on_token stamps the moment each new token is chosen, so a single run of
     # 120 characters also gives the time to the 32nd and the 64th. Three runs each, medians, 1 thread.
     start = torch.tensor([[tok.eos_id]])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads(1):
         cached_runs, plain_runs = [], []
         for _ in range(TIMING_RUNS):
             cached, stamps = timed(lambda on_token: generate(
@@ -72,8 +71,6 @@ def sections(model, tok):
                 model, start, 120, block_size=model.config.block_size, temperature=0.8,
                 generator=torch.Generator().manual_seed(SEED), on_token=on_token))
             plain_runs.append(stamps)
-    finally:
-        torch.set_num_threads(threads)
     same = torch.equal(cached.tokens, plain.tokens)
     yield f"  120 characters from the poem-start token, same seed: cached {'equals' if same else 'DIFFERS FROM'} uncached"
     yield (f"  time until the n-th character is chosen (median of {TIMING_RUNS} runs each, 1 thread; "
@@ -93,11 +90,7 @@ def run_demo(name: str = "tang-char") -> None:
 
     # One thread: on a small model, more threads mostly wait for each other (the demo took 2-4x as long
     # with the default count on a busy 2-core machine), and the timings match `bench`'s single thread.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads(1):
         model, tok = load_pretrained(name)
         for line in sections(model, tok):
             print(line, flush=True)
-    finally:
-        torch.set_num_threads(threads)

@@ -183,3 +183,11 @@ def test_demo_timing_is_one_timeline_per_run():
     calls = []
     result, stamps = timed(lambda on_token: [on_token(i, None) or calls.append(i) for i in range(5)])
     assert calls == list(range(5)) and len(stamps) == 5 and stamps == sorted(stamps) and stamps[0] >= 0
+
+
+def test_json_floats_are_rounded_for_reading():
+    from kvlib.tools.cli import rounded, to_json
+
+    assert rounded({"a": 0.123456789, "b": [1.0 / 3, 2], "c": (1234567.0, "x"), "d": 3.7314711104592822e-06}) == \
+        {"a": 0.1235, "b": [0.3333, 2], "c": [1235000.0, "x"], "d": 3.731e-06}
+    assert to_json({"k": 2 / 3}, indent=None) == '{"k": 0.6667}'

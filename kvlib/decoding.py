@@ -127,15 +127,27 @@ def _finish(out, T, n, lengths, reason, finished) -> GenerationResult:
     return GenerationResult(tokens, lengths, tokens[:, T:], reason, finished)
 
 
-def _stop_reason(n: int, max_new_tokens: int, budget: int, finished: torch.Tensor | None) -> str | None:
-    """Why to stop after ``n`` new tokens, or None to go on."""
+def stop_reason(n: int, max_new_tokens: int, budget: int | None, finished: torch.Tensor | None) -> str | None:
+    """Why to stop after ``n`` new tokens, or None to go on: every row finished (``eos``), the tokens asked
+    for (``max_new_tokens``), or the block's room (``context_limit``; ``budget`` None: no limit). The one
+    rule of every decoding loop: ``generate``, ``generate_uncached`` and speculative decoding."""
     if finished is not None and bool(finished.all()):
         return "eos"
     if n == max_new_tokens:
         return "max_new_tokens"
-    if n == budget:
+    if budget is not None and n == budget:
         return "context_limit"
     return None
+
+
+def emit(step: int, nxt: torch.Tensor, finished: torch.Tensor, eos_id: int | None, on_token: Callable | None) -> None:
+    """The chosen tokens ``nxt`` (B, 1), in place: a finished row repeats ``eos_id``, a row that chose it is
+    finished from now on, and ``on_token(step, tokens (B,))`` streams them before the next forward pass."""
+    if eos_id is not None:
+        nxt.masked_fill_(finished[:, None], eos_id)      # finished rows repeat eos_id
+        finished |= nxt[:, 0] == eos_id
+    if on_token is not None:
+        on_token(step, nxt[:, 0].clone())
 
 
 @torch.inference_mode()
@@ -188,13 +200,9 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
             torch.argmax(logits, dim=-1, keepdim=True, out=nxt)  # greedy: nothing to draw
         else:
             nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
-        if eos_id is not None:
-            nxt.masked_fill_(finished[:, None], eos_id)  # finished rows repeat eos_id
-            finished |= nxt[:, 0] == eos_id
-        if on_token is not None:
-            on_token(n, nxt[:, 0].clone())
+        emit(n, nxt, finished, eos_id, on_token)
         n += 1
-        reason = _stop_reason(n, max_new_tokens, budget, finished if eos_id is not None else None)
+        reason = stop_reason(n, max_new_tokens, budget, finished if eos_id is not None else None)
         if reason is None:                               # decode: one new token per row
             if key_mask is None:
                 logits = dec(nxt)
@@ -246,11 +254,8 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
         check_step_logits(logits, B)  # f is any callable: its logits are checked every step
         nxt = out[:, T + n: T + n + 1]
         nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
-        if eos_id is not None:
-            nxt.masked_fill_(finished[:, None], eos_id)
-            finished |= nxt[:, 0] == eos_id
-        if on_token is not None:
-            on_token(n, nxt[:, 0].clone())
-        if eos_id is not None and bool(finished.all()):
-            return _finish(out, T, n + 1, lengths, "eos", finished)
+        emit(n, nxt, finished, eos_id, on_token)
+        reason = stop_reason(n + 1, max_new_tokens, None, finished if eos_id is not None else None)
+        if reason is not None:
+            return _finish(out, T, n + 1, lengths, reason, finished)
     return _finish(out, T, max_new_tokens, lengths, "max_new_tokens", finished)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .checks import (ContextLimitError, check_bool, check_choice, check_generate_inputs, check_generator,
                      check_id_list, check_int, check_model, check_real, check_sampling, one_at_a_time)
-from .decoding import GenerationResult
+from .decoding import GenerationResult, stop_reason
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import probabilities
@@ -466,12 +466,9 @@ class SpeculativeDecoder:
         self.rounds.append(rnd)
         for t in drafted[:n] + [token]:               # write them one by one, checking the stop rules
             self.tokens.append(t)
-            if self.eos_id is not None and t == self.eos_id:
-                self.finished, self.stop_reason = True, "eos"
-            elif self.n_new == self.max_new_tokens:
-                self.stop_reason = "max_new_tokens"
-            elif self.n_new == self.budget:
-                self.stop_reason = "context_limit"
+            self.finished = self.eos_id is not None and t == self.eos_id
+            self.stop_reason = stop_reason(self.n_new, self.max_new_tokens, self.budget,
+                                           torch.tensor([self.finished]) if self.eos_id is not None else None)
             if self.stop_reason is not None:
                 break
         return rnd

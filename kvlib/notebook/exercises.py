@@ -784,3 +784,39 @@ def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
                 "block_size), not length // block_size" if blocks == list(range(after // size, before // size)) else "")
         print(f"✗ {label}: expected {want}, got {blocks}" + hint)
     return passed
+
+
+# ---- notebook 9 ----------------------------------------------------------------------------------
+
+@_stops_at_placeholder
+def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32), (4, 8))) -> bool:
+    """``fn(bits, group_size) -> bytes``: one position of a ``QuantizedKVCache`` without a full-precision
+    window, every layer, keys and values, codes, scales and zero points; compared with the size the cache
+    measures after two full key groups of positions."""
+    from ..quantized import QuantizedKVCache
+
+    passed = True
+    for bits, group in cases:
+        cache = QuantizedKVCache(config, 1, 2 * group, bits=bits, group_size=group)
+        H, D, gen = config.n_head, config.head_size, torch.Generator().manual_seed(bits)
+        with torch.inference_mode():
+            for layer in range(config.n_layer):
+                k, v = torch.randn(2, 1, H, 2 * group, D, generator=gen)
+                cache.write(layer, k, v)
+            cache.advance(2 * group)
+        want = cache.nbytes / (2 * group)
+        label = f"{bits} bits, groups of {group}"
+        ok, got = _call(fn, bits, group, label=label)
+        if not ok:
+            passed = False
+            continue
+        got = _as_number(got, "bytes")
+        if got is not None and math.isclose(got, want, rel_tol=1e-9):
+            print(f"✓ {label}: {want:,.0f} bytes a token, as the cache measures")
+            continue
+        passed = False
+        codes = config.n_layer * 2 * config.n_embd * bits / 8
+        hint = (f". The codes alone take {codes:,.0f}: add 4 bytes (float16 scale and zero point) for every "
+                f"{group} numbers" if got is not None and math.isclose(got, codes) else "")
+        print(f"✗ {label}: expected {want:,.0f} bytes a token, got {got}" + hint)
+    return passed

@@ -382,3 +382,15 @@ def test_check_blocks_to_free(capsys):
     assert not check_blocks_to_free(lambda before, after, size=16: list(range(-(-after // 16), -(-before // 16))))
     assert "20 → 5 slots, blocks of 8: expected [1, 2]" in capsys.readouterr().out
     assert_placeholder_reported(check_blocks_to_free)
+
+
+def test_bytes_per_token_check_answers_back(capsys):
+    from kvlib import GPTConfig
+    from kvlib.notebook.exercises import check_bytes_per_token
+
+    cfg = GPTConfig(vocab_size=100)
+    assert check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * (b / 8 + 4 / g), cfg)
+    assert not check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * b / 8, cfg)
+    assert "add 4 bytes (float16 scale and zero point)" in capsys.readouterr().out
+    assert not check_bytes_per_token(lambda b, g: None, cfg)
+    assert "returned None" in capsys.readouterr().out

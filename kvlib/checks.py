@@ -205,15 +205,6 @@ def check_tokenizer(tokenizer) -> None:
                         f"got {type(tokenizer).__name__}")
 
 
-def check_token_mask(logits, mask, name: str) -> None:
-    """A (V,) bool mask over the vocabulary of (B, V) logits."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1 or (
-            isinstance(logits, torch.Tensor) and logits.shape[-1:] != mask.shape):
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        v = logits.shape[-1] if isinstance(logits, torch.Tensor) else "V"
-        raise ValueError(f"{name} must be a bool tensor of shape (V,) = ({v},), got {got}")
-
-
 def check_pair(model, tokenizer) -> None:
     """A tokenizer and a model that belong together: the same number of ids."""
     check_model(model)
@@ -222,39 +213,6 @@ def check_pair(model, tokenizer) -> None:
     if v != model.config.vocab_size:
         raise ValueError(f"the tokenizer ({getattr(tokenizer, 'kind', '?')}, {v} ids) does not belong to the "
                          f"model ({model.config.vocab_size} ids): load both with load_pretrained(name)")
-
-
-def check_char_table(itos, separator: str, unk: str) -> list[str]:
-    """A character vocabulary: a list of distinct str, the separator and ``unk`` first, then single characters."""
-    if not isinstance(itos, (list, tuple)):
-        raise TypeError(f"a char vocabulary (itos) must be a list of str, got {type(itos).__name__}")
-    if list(itos[:2]) != [separator, unk]:
-        raise ValueError(f"a char vocabulary starts with the separator and <unk> ['\\n', '<unk>'], "
-                         f"got {list(itos[:2])!r}")
-    seen = set()
-    for i, ch in enumerate(itos):
-        if i >= 2 and (not isinstance(ch, str) or len(ch) != 1):
-            raise ValueError(f"char vocabulary entry {i} must be one character, got {ch!r:.40}")
-        if ch in seen:
-            raise ValueError(f"char vocabulary entry {i} ({ch!r}) is a duplicate: every character has one id")
-        seen.add(ch)
-    return list(itos)
-
-
-def check_merges(merges) -> list[tuple[int, int]]:
-    """BPE merges: a list of [a, b] pairs, each id a byte (0-255) or an earlier merge's id."""
-    if not isinstance(merges, (list, tuple)):
-        raise TypeError(f"BPE merges must be a list of [a, b] id pairs, got {type(merges).__name__}")
-    out = []
-    for r, m in enumerate(merges):
-        if not isinstance(m, (list, tuple)) or len(m) != 2 or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in m):
-            raise ValueError(f"BPE merge {r} must be a pair of int ids [a, b], got {m!r:.40}")
-        if not all(0 <= x < 256 + r for x in m):
-            raise ValueError(f"BPE merge {r} = {list(m)!r} names an id that is not defined yet: allowed are "
-                             f"bytes 0-255 and the ids of earlier merges, [0, {256 + r})")
-        out.append((int(m[0]), int(m[1])))
-    return out
 
 
 def check_config(config, cls) -> None:
@@ -344,16 +302,6 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
                                  f"and -1 (ignored)")
 
 
-def check_eos(eos_id, vocab_size: int | None) -> int | None:
-    if eos_id is None:
-        return None
-    top = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
-    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0 or (
-            vocab_size is not None and eos_id >= vocab_size):
-        raise ValueError(f"eos_id must be None or a token id (an int >= 0{top}), got {eos_id!r}")
-    return eos_id
-
-
 def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch.Tensor | None:
     """Token ids (B, T) int64 in the vocabulary, and an optional key mask of the same shape; returns the mask as bool."""
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
@@ -388,41 +336,6 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
     return key_mask
 
 
-def check_generate_inputs(model, idx, max_new_tokens, key_mask, eos_id, on_context_limit, generator,
-                          temperature, top_k, top_p) -> tuple[torch.Tensor | None, tuple]:
-    """Everything ``generate`` is given, checked once; returns (key_mask as bool, sampling settings)."""
-    check_model(model)
-    sampling = check_sampling(temperature, top_k, top_p)
-    check_generator(generator)
-    if on_context_limit not in ("stop", "raise"):
-        raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
-    cfg = model.config
-    key_mask = check_prompt(idx, key_mask, max_new_tokens, cfg.vocab_size)
-    check_eos(eos_id, cfg.vocab_size)
-    check_weights(model)
-    if idx.shape[1] > cfg.block_size:
-        raise ContextLimitError(f"idx: the prompt has {idx.shape[1]} tokens but the model's block holds "
-                                f"{cfg.block_size}; keep the last {cfg.block_size} tokens")
-    return key_mask, sampling
-
-
-def check_verify_inputs(model, idx, steps) -> None:
-    """``verify_cache``: one int64 prompt (1, P) that fits the block, and 1 <= steps <= block - P + 1."""
-    check_model(model)
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
-        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"verify_cache takes one prompt of shape (1, P), int64, got {got}")
-    block = model.config.block_size
-    P = idx.shape[1]
-    if P == 0:
-        raise ValueError("verify_cache needs a prompt of at least one token, got shape (1, 0)")
-    if P > block:
-        raise ContextLimitError(f"the prompt has {P} tokens but the model's block holds {block}: no step fits; "
-                                f"keep the last {block} tokens at most")
-    check_int("steps", steps, 1, block - P + 1,
-              f"an int in [1, {block - P + 1}] for a {P}-token prompt and block size {block}")
-
-
 def check_batch_inputs(model, prompts, steps) -> None:
     """``check_batch_consistency``: token-id lists that fit the block, and steps >= 1."""
     check_model(model)
@@ -437,22 +350,6 @@ def check_batch_inputs(model, prompts, steps) -> None:
     for i, p in enumerate(prompts):
         if max(p) >= model.config.vocab_size:
             raise ValueError(f"prompt {i} holds token id {max(p)}, outside the vocabulary [0, {model.config.vocab_size})")
-
-
-def check_step_logits(logits, batch: int) -> torch.Tensor:
-    """The recompute loop's logits for one step: (B, V) with one row per prompt, as ``check_logits``."""
-    if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] != batch:
-        raise ValueError(f"f (or logits_hook) must give (B, V) logits with B = {batch} rows, one per prompt, "
-                         f"got shape {tuple(logits.shape)}")
-    return check_logits(logits)
-
-
-def check_hook_output(logits, shape) -> torch.Tensor:
-    """A logits hook must return finite-or--inf (B, V) logits, like the ones it was given."""
-    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != tuple(shape):
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits_hook must return a tensor of shape (B, V) = {tuple(shape)}, got {got}")
-    return check_logits(logits)
 
 
 # ---- more edges: flags, finite numbers, lists, keys, dtypes and one thread at a time ---------------

@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_choice, check_int, check_pair, check_text, check_token_mask, check_tokenizer
+from .checks import check_choice, check_int, check_pair, check_text, check_tokenizer
 from .decoding import generate
 from .text import no_unk
 from .tokenizer import UnknownCharacterError, is_ideograph
+
+# ---- input checks of this module ------------------------------------------------------------
+
+def check_token_mask(logits, mask, name: str) -> None:
+    """A (V,) bool mask over the vocabulary of (B, V) logits."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1 or (
+            isinstance(logits, torch.Tensor) and logits.shape[-1:] != mask.shape):
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        v = logits.shape[-1] if isinstance(logits, torch.Tensor) else "V"
+        raise ValueError(f"{name} must be a bool tensor of shape (V,) = ({v},), got {got}")
+
 
 LINE_ENDS = "，。"
 

@@ -10,12 +10,58 @@ from typing import Callable
 
 import torch
 
-from .checks import (ContextLimitError, check_eos, check_generate_inputs, check_generator, check_hook_output,
-                     check_int, check_model, check_prompt, check_sampling, check_step_logits, check_token_lists)
+from .checks import (ContextLimitError, check_generator, check_int, check_logits, check_model, check_prompt,
+                     check_sampling, check_token_lists, check_weights)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import draw
+
+# ---- input checks of this module ------------------------------------------------------------
+
+def check_generate_inputs(model, idx, max_new_tokens, *, temperature, top_k, top_p, generator, eos_id, key_mask,
+                          on_context_limit) -> tuple[torch.Tensor | None, tuple]:
+    """Everything ``generate`` is given, checked once; returns (key_mask as bool, sampling settings)."""
+    check_model(model)
+    sampling = check_sampling(temperature, top_k, top_p)
+    check_generator(generator)
+    if on_context_limit not in ("stop", "raise"):
+        raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
+    cfg = model.config
+    key_mask = check_prompt(idx, key_mask, max_new_tokens, cfg.vocab_size)
+    check_eos(eos_id, cfg.vocab_size)
+    check_weights(model)
+    if idx.shape[1] > cfg.block_size:
+        raise ContextLimitError(f"idx: the prompt has {idx.shape[1]} tokens but the model's block holds "
+                                f"{cfg.block_size}; keep the last {cfg.block_size} tokens")
+    return key_mask, sampling
+
+
+def check_eos(eos_id, vocab_size: int | None) -> int | None:
+    if eos_id is None:
+        return None
+    top = "" if vocab_size is None else f", below the vocabulary size {vocab_size}"
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0 or (
+            vocab_size is not None and eos_id >= vocab_size):
+        raise ValueError(f"eos_id must be None or a token id (an int >= 0{top}), got {eos_id!r}")
+    return eos_id
+
+
+def check_step_logits(logits, batch: int) -> torch.Tensor:
+    """The recompute loop's logits for one step: (B, V) with one row per prompt, as ``check_logits``."""
+    if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] != batch:
+        raise ValueError(f"f (or logits_hook) must give (B, V) logits with B = {batch} rows, one per prompt, "
+                         f"got shape {tuple(logits.shape)}")
+    return check_logits(logits)
+
+
+def check_hook_output(logits, shape) -> torch.Tensor:
+    """A logits hook must return finite-or--inf (B, V) logits, like the ones it was given."""
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != tuple(shape):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits_hook must return a tensor of shape (B, V) = {tuple(shape)}, got {got}")
+    return check_logits(logits)
+
 
 STOP_REASONS = ("max_new_tokens", "eos", "context_limit")
 
@@ -171,7 +217,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     built on every call, from the model's weights as they are then.
     """
     key_mask, (temperature, top_k, top_p) = check_generate_inputs(
-        model, idx, max_new_tokens, key_mask, eos_id, on_context_limit, generator, temperature, top_k, top_p)
+        model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+        eos_id=eos_id, key_mask=key_mask, on_context_limit=on_context_limit)
     B, T = idx.shape
     block = model.config.block_size
     budget = block - T + 1                               # new tokens that fit in the block

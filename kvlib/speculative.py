@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .checks import (ContextLimitError, check_bool, check_choice, check_generate_inputs, check_generator,
-                     check_id_list, check_int, check_model, check_real, check_sampling, one_at_a_time)
-from .decoding import GenerationResult, stop_reason
+from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
+                     check_model, check_real, check_sampling, one_at_a_time)
+from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .model import GPT
 from .sampling import probabilities
@@ -381,8 +381,9 @@ class SpeculativeDecoder:
         if eos_id is not None:
             check_int("eos_id", eos_id, 0, model.config.vocab_size - 1,
                       f"None or a token id in [0, {model.config.vocab_size - 1}]")
-        _, self.settings = check_generate_inputs(model, idx, max_new_tokens, None, eos_id, "stop", generator,
-                                                 temperature, top_k, top_p)
+        _, self.settings = check_generate_inputs(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
+                                                 top_p=top_p, generator=generator, eos_id=eos_id, key_mask=None,
+                                                 on_context_limit="stop")
         if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
             raise TypeError(f"banned must be a list of token ids, got {banned!r:.60}")
         self.banned = sorted(set(check_id_list("banned", list(banned), model.config.vocab_size, min_len=0)))

@@ -11,7 +11,42 @@ import unicodedata
 from collections import Counter
 from functools import cached_property
 
-from .checks import check_char_table, check_int, check_merges, check_text, check_token_ids, check_tokenizer
+from .checks import check_int, check_text, check_token_ids, check_tokenizer
+
+# ---- input checks of this module ------------------------------------------------------------
+
+def check_char_table(itos, separator: str, unk: str) -> list[str]:
+    """A character vocabulary: a list of distinct str, the separator and ``unk`` first, then single characters."""
+    if not isinstance(itos, (list, tuple)):
+        raise TypeError(f"a char vocabulary (itos) must be a list of str, got {type(itos).__name__}")
+    if list(itos[:2]) != [separator, unk]:
+        raise ValueError(f"a char vocabulary starts with the separator and <unk> ['\\n', '<unk>'], "
+                         f"got {list(itos[:2])!r}")
+    seen = set()
+    for i, ch in enumerate(itos):
+        if i >= 2 and (not isinstance(ch, str) or len(ch) != 1):
+            raise ValueError(f"char vocabulary entry {i} must be one character, got {ch!r:.40}")
+        if ch in seen:
+            raise ValueError(f"char vocabulary entry {i} ({ch!r}) is a duplicate: every character has one id")
+        seen.add(ch)
+    return list(itos)
+
+
+def check_merges(merges) -> list[tuple[int, int]]:
+    """BPE merges: a list of [a, b] pairs, each id a byte (0-255) or an earlier merge's id."""
+    if not isinstance(merges, (list, tuple)):
+        raise TypeError(f"BPE merges must be a list of [a, b] id pairs, got {type(merges).__name__}")
+    out = []
+    for r, m in enumerate(merges):
+        if not isinstance(m, (list, tuple)) or len(m) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in m):
+            raise ValueError(f"BPE merge {r} must be a pair of int ids [a, b], got {m!r:.40}")
+        if not all(0 <= x < 256 + r for x in m):
+            raise ValueError(f"BPE merge {r} = {list(m)!r} names an id that is not defined yet: allowed are "
+                             f"bytes 0-255 and the ids of earlier merges, [0, {256 + r})")
+        out.append((int(m[0]), int(m[1])))
+    return out
+
 
 SEPARATOR = "\n"
 

@@ -5,9 +5,28 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import check_batch_inputs, check_verify_inputs
+from .checks import ContextLimitError, check_batch_inputs, check_int, check_model
 from .decoding import generate, generate_uncached, pad_prompts
 from .model import GPT
+
+# ---- input checks of this module ------------------------------------------------------------
+
+def check_verify_inputs(model, idx, steps) -> None:
+    """``verify_cache``: one int64 prompt (1, P) that fits the block, and 1 <= steps <= block - P + 1."""
+    check_model(model)
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
+        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"verify_cache takes one prompt of shape (1, P), int64, got {got}")
+    block = model.config.block_size
+    P = idx.shape[1]
+    if P == 0:
+        raise ValueError("verify_cache needs a prompt of at least one token, got shape (1, 0)")
+    if P > block:
+        raise ContextLimitError(f"the prompt has {P} tokens but the model's block holds {block}: no step fits; "
+                                f"keep the last {block} tokens at most")
+    check_int("steps", steps, 1, block - P + 1,
+              f"an int in [1, {block - P + 1}] for a {P}-token prompt and block size {block}")
+
 
 ATOL = 1e-4
 

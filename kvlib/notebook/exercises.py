@@ -612,7 +612,7 @@ def check_one_token_characters(fn, tokenizer, poems, ns=(20, 200)) -> bool:
             problems.append(f"the two lists hold {len(single) + len(split)} characters, expected {n}")
         if len(set(single + split)) != len(single + split):
             problems.append("a character appears twice")
-        missing = sorted(must - set(single + split), key=lambda c: -counts[c])
+        missing = sorted(must - set(single + split), key=lambda c: (-counts[c], c))
         if missing:
             problems.append(f"leaves out {''.join(missing[:8])} (e.g. {missing[0]!r} occurs {counts[missing[0]]:,} "
                             f"times; the character at place {n} of the ranking occurs {nth:,} times)")

@@ -310,7 +310,7 @@ def test_check_one_token_characters(bpe_tokenizer, capsys):
 
     assert not check_one_token_characters(without_punctuation, bpe_tokenizer, poems, ns=(10,))
     out = capsys.readouterr().out
-    assert "leaves out" in out and "'。' occurs 19 times" in out
+    assert "leaves out" in out and "occurs 19 times" in out
     assert_placeholder_reported(check_one_token_characters, bpe_tokenizer, poems)
 
 

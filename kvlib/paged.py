@@ -25,8 +25,8 @@ from .decoding import DECODERS, generate
 from .fast import PagedStep, check_multi_head
 from .model import GPT, GPTConfig
 
-BLOCK_SIZE = 16
-MAX_POSITIONS = 2**22  # a pool holds at most this many positions (num_blocks x block_size)
+KV_BLOCK_SIZE = 16
+MAX_POSITIONS = 2**22  # a pool holds at most this many positions (num_blocks x kv_block_size)
 
 
 @dataclass
@@ -57,16 +57,16 @@ class BlockPool:
     one and otherwise evicts the least recently used cached block: its hash is forgotten.
     """
 
-    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, device=None, dtype=None):
+    def __init__(self, config: GPTConfig, num_blocks: int, kv_block_size: int = KV_BLOCK_SIZE, device=None, dtype=None):
         check_config(config, GPTConfig)
         check_multi_head(config, "the paged cache")
-        self.block_size = check_int("block_size", block_size, 1, config.block_size,
-                                    f"an int in [1, {config.block_size}] (the model's block size at most)")
-        top = MAX_POSITIONS // self.block_size
+        self.kv_block_size = check_int("kv_block_size", kv_block_size, 1, config.block_size,
+                                       f"an int in [1, {config.block_size}] (the model's block size at most)")
+        top = MAX_POSITIONS // self.kv_block_size
         self.num_blocks = check_int("num_blocks", num_blocks, 1, top,
                                     f"an int in [1, {top}] (at most {MAX_POSITIONS} positions in the pool)")
         device, dtype = check_device(device), check_dtype(dtype)
-        shape = (config.n_layer, num_blocks * block_size, config.n_head, config.head_size)
+        shape = (config.n_layer, num_blocks * kv_block_size, config.n_head, config.head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -103,7 +103,7 @@ class BlockPool:
         """The block holding exactly these tokens after this prefix, or None."""
         if isinstance(h, bool) or not isinstance(h, int):
             raise TypeError(f"h must be an int block hash (from block_hash), got {h!r:.60}")
-        token_ids = check_id_list("token_ids", token_ids, min_len=0, max_len=self.block_size)
+        token_ids = check_id_list("token_ids", token_ids, min_len=0, max_len=self.kv_block_size)
         bid = self.by_hash.get(h)
         if bid is None or self.blocks[bid].token_ids != tuple(token_ids):
             return None
@@ -137,13 +137,13 @@ class BlockPool:
         block = self.blocks[self._check_bid("bid", bid)]
         if isinstance(h, bool) or not isinstance(h, int):
             raise TypeError(f"h must be an int block hash (from block_hash), got {h!r:.60}")
-        token_ids = check_id_list("token_ids", token_ids, min_len=self.block_size, max_len=self.block_size)
+        token_ids = check_id_list("token_ids", token_ids, min_len=self.kv_block_size, max_len=self.kv_block_size)
         block.hash, block.token_ids = h, tuple(token_ids)
         self.by_hash.setdefault(h, bid)
 
     def copy(self, src: int, dst: int) -> None:
         src, dst = check_int("src", src, 0, self.num_blocks - 1), check_int("dst", dst, 0, self.num_blocks - 1)
-        b = self.block_size
+        b = self.kv_block_size
         self.k[:, dst * b:(dst + 1) * b] = self.k[:, src * b:(src + 1) * b]
         self.v[:, dst * b:(dst + 1) * b] = self.v[:, src * b:(src + 1) * b]
 
@@ -168,13 +168,13 @@ class PagedKVCache:
     last logits; ``fork`` starts a sequence that shares all of another's blocks; ``free`` ends one.
     """
 
-    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = BLOCK_SIZE, *,
+    def __init__(self, config: GPTConfig, num_blocks: int, kv_block_size: int = KV_BLOCK_SIZE, *,
                  enable_prefix_caching: bool = True, device=None, dtype=None):
         check_config(config, GPTConfig)
         self.enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         self.config = config
-        self.pool = BlockPool(config, num_blocks, block_size, device, dtype)
-        self.block_size = self.pool.block_size
+        self.pool = BlockPool(config, num_blocks, kv_block_size, device, dtype)
+        self.kv_block_size = self.pool.kv_block_size
         self.tables: dict[object, BlockTable] = {}
         self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
         self.copies_on_write = 0
@@ -182,7 +182,7 @@ class PagedKVCache:
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def blocks_needed(self, n_tokens: int) -> int:
-        return ceil_div(check_int("n_tokens", n_tokens, 0), self.block_size)
+        return ceil_div(check_int("n_tokens", n_tokens, 0), self.kv_block_size)
 
     def can_allocate(self, n_tokens: int) -> bool:
         """Whether a new sequence of ``n_tokens`` fits in the free blocks (prefix hits not counted on)."""
@@ -201,7 +201,7 @@ class PagedKVCache:
         table = self.tables[sid] = BlockTable()
         if not self.enable_prefix_caching:
             return 0
-        b, h = self.block_size, None
+        b, h = self.kv_block_size, None
         for i in range((len(prompt) - 1) // b):
             chunk = prompt[i * b:(i + 1) * b]
             h = block_hash(h, chunk)
@@ -253,7 +253,7 @@ class PagedKVCache:
 
     def slots_needed(self, sid, n_new: int) -> int:
         """Blocks that appending ``n_new`` tokens to ``sid`` takes from the pool (copy-on-write included)."""
-        table, b = self.table(sid), self.block_size
+        table, b = self.table(sid), self.kv_block_size
         n_new = check_int("n_new", n_new, 0)
         need = self.blocks_needed(table.length + n_new) - len(table.blocks)
         if table.length % b and self._must_copy(table.blocks[-1]):
@@ -265,7 +265,7 @@ class PagedKVCache:
 
         ``forward`` reserves for every sequence of its batch; refused, with nothing taken, when the pool
         cannot give what it needs."""
-        table, b = self.table(sid), self.block_size
+        table, b = self.table(sid), self.kv_block_size
         n_new = check_int("n_new", n_new, 1, self.config.block_size - table.length,
                           f"an int in [1, {self.config.block_size - table.length}] (room left in the model's block)")
         if self._blocks_to_take([sid], [[0] * n_new]) > self.pool.num_free:
@@ -289,7 +289,7 @@ class PagedKVCache:
 
     def _commit(self, sid, new_tokens: list[int]) -> None:
         """The new tokens are stored: remember them and register every block they filled."""
-        table, b = self.tables[sid], self.block_size
+        table, b = self.tables[sid], self.kv_block_size
         before = table.length
         table.token_ids.extend(new_tokens)
         if not self.enable_prefix_caching:
@@ -308,7 +308,7 @@ class PagedKVCache:
     def stored_tokens(self) -> int:
         """Positions of the blocks in use that hold a real token (a shared block counted once)."""
         filled: dict[int, int] = {}
-        b = self.block_size
+        b = self.kv_block_size
         for table in self.tables.values():
             for i, bid in enumerate(table.blocks):
                 filled[bid] = max(filled.get(bid, 0), min(b, table.length - i * b))
@@ -349,7 +349,7 @@ class PagedKVCache:
 
     def _blocks_to_take(self, sids, new_tokens) -> int:
         """Free blocks that ``reserve`` will take for this batch, in its order (copies on write included)."""
-        b, refs, free = self.block_size, {}, self.pool.num_free
+        b, refs, free = self.kv_block_size, {}, self.pool.num_free
         lowest = free
         for sid, new in zip(sids, new_tokens):
             table = self.tables[sid]
@@ -434,7 +434,7 @@ class PagedBatch:
                                  f"batch with PagedKVCache.batch")
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
         self._advanced = False
-        b, tables = cache.block_size, [cache.tables[s] for s in sids]
+        b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]
         # Python lists first, one tensor each: this runs before every forward pass.
         n_new = [len(t) for t in new_tokens]
         totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
@@ -516,7 +516,7 @@ class PagedReport:
 
 @torch.inference_mode()
 def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks: int | None = None,
-                 block_size: int = BLOCK_SIZE, atol: float = 1e-4) -> list[PagedReport]:
+                 kv_block_size: int = KV_BLOCK_SIZE, atol: float = 1e-4) -> list[PagedReport]:
     """Greedy-decode all ``prompts`` together through one paged cache; compare each with the static cache.
 
     For every request, its ``steps`` logits (paged, batched with the others) against those of
@@ -524,15 +524,15 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
     """
     check_batch_inputs(model, prompts, steps)
     prompts = [list(map(int, p)) for p in prompts]
-    block_size = check_int("block_size", block_size, 1, model.config.block_size,
-                           f"an int in [1, {model.config.block_size}] (the model's block size at most)")
+    kv_block_size = check_int("kv_block_size", kv_block_size, 1, model.config.block_size,
+                              f"an int in [1, {model.config.block_size}] (the model's block size at most)")
     atol = check_real("atol", atol, 0)
-    need = sum(ceil_div(len(p) + steps, block_size) for p in prompts)
+    need = sum(ceil_div(len(p) + steps, kv_block_size) for p in prompts)
     if num_blocks is None:
         num_blocks = need
     num_blocks = check_int("num_blocks", num_blocks, need, None,
                            f"None or an int >= {need} (blocks these prompts and steps need)")
-    cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=False,
+    cache = PagedKVCache(model.config, num_blocks, kv_block_size, enable_prefix_caching=False,
                          device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
     sids = list(range(len(prompts)))
     for sid, p in zip(sids, prompts):

@@ -22,7 +22,7 @@ from .checks import (check_bool, check_choice, check_id_list, check_int, check_l
                      check_seed, check_text, check_tokenizer, one_at_a_time)
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
-from .paged import BLOCK_SIZE, PagedKVCache, ceil_div
+from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from .sampling import sample_next
 from .text import encode_prompt
 from .tokenizer import is_ideograph
@@ -192,7 +192,7 @@ class Engine:
     admits without it.
     """
 
-    def __init__(self, model: GPT, num_blocks: int, *, block_size: int = BLOCK_SIZE, max_num_seqs: int = 32,
+    def __init__(self, model: GPT, num_blocks: int, *, kv_block_size: int = KV_BLOCK_SIZE, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 1024, watermark: float = 0.05, enable_prefix_caching: bool = False,
                  clock: Clock | None = None, decoder: str = "fast"):
         check_model(model)
@@ -200,13 +200,14 @@ class Engine:
         check_choice("decoder", decoder, tuple(DECODERS))
         self.decoder = decoder
         block = model.config.block_size
-        block_size = check_int("block_size", block_size, 1, block, f"an int in [1, {block}] (the model's block size at most)")
+        kv_block_size = check_int("kv_block_size", kv_block_size, 1, block,
+                                  f"an int in [1, {block}] (the model's block size at most)")
         enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
         if clock is not None and not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "wait_until", None))):
             raise TypeError(f"clock must be None or have now() and wait_until(t) (a kvlib.serving.Clock), "
                             f"got {type(clock).__name__}")
-        num_blocks = check_int("num_blocks", num_blocks, ceil_div(block, block_size), None,
-                               f"an int >= {ceil_div(block, block_size)}: the pool must hold one sequence of "
+        num_blocks = check_int("num_blocks", num_blocks, ceil_div(block, kv_block_size), None,
+                               f"an int >= {ceil_div(block, kv_block_size)}: the pool must hold one sequence of "
                                f"{block} tokens")
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, block, None,
@@ -215,7 +216,7 @@ class Engine:
                                allowed="the share of blocks kept free at admission, a number in [0, 1)")
         self.watermark_blocks = int(watermark * num_blocks)
         p = model.lm_head.weight
-        self.cache = PagedKVCache(model.config, num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+        self.cache = PagedKVCache(model.config, num_blocks, kv_block_size, enable_prefix_caching=enable_prefix_caching,
                                   device=p.device, dtype=p.dtype)
         self.clock = clock or Clock()
         self.waiting: deque[RequestState] = deque()   # in arrival order; preempted ones go back to the front
@@ -356,7 +357,7 @@ class Engine:
             self.finished.extend(s for s in self.running if s.state == "finished")
             self.running = [s for s in self.running if s.state == "running"]
         record = StepRecord(kind, now, [s.id for s in self.running], [s.id for s in admitted], retired, preempted,
-                            computed, self.cache.used_blocks() * self.cache.block_size, self.cache.stored_tokens(),
+                            computed, self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens(),
                             self._released)
         self.history.append(record)
         return record
@@ -520,7 +521,7 @@ MAX_PARALLEL = 1024  # continuations of one prompt
 
 @torch.inference_mode()
 def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
-                    top_k: int | None = 40, seed: int = 0, block_size: int = BLOCK_SIZE,
+                    top_k: int | None = 40, seed: int = 0, kv_block_size: int = KV_BLOCK_SIZE,
                     banned: tuple[int, ...] = ()) -> dict:
     """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
 
@@ -539,15 +540,15 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
                                f"and block size {cfg.block_size}")
     temperature, top_k, _ = check_sampling(temperature, top_k, None)
     seed = check_seed(seed)
-    block_size = check_int("block_size", block_size, 1, cfg.block_size,
-                           f"an int in [1, {cfg.block_size}] (the model's block size at most)")
+    kv_block_size = check_int("kv_block_size", kv_block_size, 1, cfg.block_size,
+                              f"an int in [1, {cfg.block_size}] (the model's block size at most)")
     if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
         raise TypeError(f"banned must be a tuple of token ids, got {banned!r:.60}")
     banned = tuple(sorted(set(check_id_list("banned", list(banned), cfg.vocab_size, min_len=0))))
     if len(banned) >= cfg.vocab_size:
         raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
-    need = n * ceil_div(len(prompt) + max_new_tokens, block_size)
-    cache = PagedKVCache(model.config, need, block_size, enable_prefix_caching=False)
+    need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
+    cache = PagedKVCache(model.config, need, kv_block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
     logits = cache.forward(model, [0], [prompt])
     prompt_blocks = list(cache.tables[0].blocks)

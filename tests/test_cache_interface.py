@@ -18,7 +18,7 @@ def caches(model):
 def test_every_cache_implements_the_protocol(random_gpt):
     for name, cache in caches(random_gpt).items():
         assert isinstance(cache, Cache), name
-    paged = PagedKVCache(random_gpt.config, num_blocks=8, block_size=4)
+    paged = PagedKVCache(random_gpt.config, num_blocks=8, kv_block_size=4)
     paged.add_sequence("a", [1, 2, 3])
     assert isinstance(paged.batch(["a"], [[4]]), Cache)
 
@@ -52,7 +52,7 @@ def test_truncate_refuses_what_is_not_a_kept_length(random_gpt, bad):
 
 def test_a_paged_roll_back_releases_blocks_and_copies_a_block_a_prefix_may_find(random_gpt):
     cfg = random_gpt.config
-    paged = PagedKVCache(cfg, num_blocks=8, block_size=4, enable_prefix_caching=True)
+    paged = PagedKVCache(cfg, num_blocks=8, kv_block_size=4, enable_prefix_caching=True)
     paged.add_sequence("a", list(range(1, 11)))          # 10 tokens: blocks of 4, 4, 2
     paged.forward(random_gpt, ["a"], [list(range(1, 11))])
     free = paged.pool.num_free

@@ -148,7 +148,7 @@ def same(a, b) -> bool:
 # ---- paged --------------------------------------------------------------------------------------
 
 def _cache(w, prefix=True, blocks=8):
-    cache = PagedKVCache(w.model.config, blocks, block_size=4, enable_prefix_caching=prefix)
+    cache = PagedKVCache(w.model.config, blocks, kv_block_size=4, enable_prefix_caching=prefix)
     cache.add_sequence(0, [1, 2, 3, 4, 5])
     cache.forward(w.model, [0], [[1, 2, 3, 4, 5]])
     cache.fork(0, 1)
@@ -156,11 +156,11 @@ def _cache(w, prefix=True, blocks=8):
 
 
 cfg = lambda w: w.model.config  # noqa: E731
-for name, pairs in (("num_blocks", bad_ints(1, 2**22 // 4)), ("block_size", bad_ints(1, BLOCK))):
+for name, pairs in (("num_blocks", bad_ints(1, 2**22 // 4)), ("kv_block_size", bad_ints(1, BLOCK))):
     add("paged", "BlockPool", name, pairs,
-        lambda w, o, v, n=name: BlockPool(cfg(w), **{"num_blocks": 4, "block_size": 4, n: v}))
+        lambda w, o, v, n=name: BlockPool(cfg(w), **{"num_blocks": 4, "kv_block_size": 4, n: v}))
     add("paged", "PagedKVCache", name, pairs,
-        lambda w, o, v, n=name: PagedKVCache(cfg(w), **{"num_blocks": 4, "block_size": 4, n: v}))
+        lambda w, o, v, n=name: PagedKVCache(cfg(w), **{"num_blocks": 4, "kv_block_size": 4, n: v}))
 for v, e in (("nope", ValueError), (5, TypeError), ([0], TypeError)):
     add("paged", "BlockPool", "device", [(v, e)], lambda w, o, v: BlockPool(cfg(w), 4, 4, device=v))
 for v, e in ((torch.long, TypeError), ("float32", TypeError), (torch.bool, TypeError)):
@@ -227,7 +227,7 @@ add("paged", "BlockPool.allocate", "pool is full", [(None, RuntimeError)],
 
 
 def _full(w):
-    cache = PagedKVCache(w.model.config, 2, block_size=4)
+    cache = PagedKVCache(w.model.config, 2, kv_block_size=4)
     cache.add_sequence(0, [1])
     cache.batch([0], [[1] * 8])
     return cache
@@ -288,8 +288,9 @@ add("paged", "verify_paged", "prompt", [("春风", TypeError), ([], ValueError),
                                         ([[-1]], ValueError), ([[V]], ValueError), ([[1] * 17], ValueError)],
     lambda w, o, v: verify_paged(w.model, v, 1))
 add("paged", "verify_paged", "num_blocks", [(0, ValueError), (1, ValueError), (True, TypeError), ("8", TypeError)],
-    lambda w, o, v: verify_paged(w.model, [[1, 2, 3], [4, 5]], 4, num_blocks=v, block_size=4))
-add("paged", "verify_paged", "block_size", bad_ints(1, BLOCK), lambda w, o, v: verify_paged(w.model, [[1]], 2, block_size=v))
+    lambda w, o, v: verify_paged(w.model, [[1, 2, 3], [4, 5]], 4, num_blocks=v, kv_block_size=4))
+add("paged", "verify_paged", "kv_block_size", bad_ints(1, BLOCK),
+    lambda w, o, v: verify_paged(w.model, [[1]], 2, kv_block_size=v))
 add("paged", "verify_paged", "atol", bad_reals(-1e-3), lambda w, o, v: verify_paged(w.model, [[1]], 2, atol=v))
 add("paged", "verify_paged", "model", [("m", TypeError), (None, TypeError)], lambda w, o, v: verify_paged(v, [[1]], 2))
 
@@ -325,8 +326,8 @@ add("serving", "class_trace", "prefix", [(5, TypeError), (None, TypeError), (["�
 add("serving", "class_trace", "poems", [("春风", TypeError), ([], ValueError), ([None], TypeError), (["春风"], ValueError)],
     lambda w, o, v: class_trace(w.tok, v, "床前"))
 
-engine = lambda w, **kw: Engine(w.model, **{"num_blocks": 16, "block_size": 4, **kw})  # noqa: E731
-for name, pairs in (("num_blocks", bad_ints(4, 2**22 // 4)), ("block_size", bad_ints(1, BLOCK)),
+engine = lambda w, **kw: Engine(w.model, **{"num_blocks": 16, "kv_block_size": 4, **kw})  # noqa: E731
+for name, pairs in (("num_blocks", bad_ints(4, 2**22 // 4)), ("kv_block_size", bad_ints(1, BLOCK)),
                     ("max_num_seqs", bad_ints(1)), ("max_num_batched_tokens", bad_ints(BLOCK))):
     add("serving", "Engine", name, pairs, lambda w, o, v, n=name: engine(w, **{n: v}))
 add("serving", "Engine", "watermark", bad_reals(-0.1, 1.0), lambda w, o, v: engine(w, watermark=v))
@@ -382,12 +383,14 @@ add("serving", "Engine.step", "no work", [(None, RuntimeError)], lambda w, o, v:
 reqs = lambda: [Request(0, [1, 2], 3), Request(1, [3], 2, 0.01)]  # noqa: E731
 bad_requests = [("r", TypeError), (None, TypeError), ([], ValueError), ([(0, [1], 1)], TypeError),
                 ([Request(0, [1], 1), Request(0, [2], 1)], ValueError)]
-add("serving", "run_continuous", "requests", bad_requests, lambda w, o, v: run_continuous(w.model, v, 16, block_size=4))
-add("serving", "run_continuous", "num_blocks", bad_ints(4), lambda w, o, v: run_continuous(w.model, reqs(), v, block_size=4))
+add("serving", "run_continuous", "requests", bad_requests,
+    lambda w, o, v: run_continuous(w.model, v, 16, kv_block_size=4))
+add("serving", "run_continuous", "num_blocks", bad_ints(4),
+    lambda w, o, v: run_continuous(w.model, reqs(), v, kv_block_size=4))
 add("serving", "run_continuous", "on_step", [(5, TypeError), ("print", TypeError)],
-    lambda w, o, v: run_continuous(w.model, reqs(), 16, block_size=4, on_step=v))
+    lambda w, o, v: run_continuous(w.model, reqs(), 16, kv_block_size=4, on_step=v))
 add("serving", "run_continuous", "block of 16", [(BLOCK, ValueError)],
-    lambda w, o, v: run_continuous(w.model, [Request(0, [1], v)], 16, block_size=4))
+    lambda w, o, v: run_continuous(w.model, [Request(0, [1], v)], 16, kv_block_size=4))
 add("serving", "run_static_batching", "requests", bad_requests
     + [([Request(0, [1], BLOCK)], ValueError), ([Request(0, [V], 1)], ValueError)],
     lambda w, o, v: run_static_batching(w.model, v))
@@ -404,7 +407,7 @@ add("serving", "parallel_sample", "temperature", bad_reals(-1.0), lambda w, o, v
 add("serving", "parallel_sample", "top_k", [(0, ValueError), (True, TypeError), ("4", TypeError)],
     lambda w, o, v: ps(w, top_k=v))
 add("serving", "parallel_sample", "seed", bad_ints(0, 2**64 - 1), lambda w, o, v: ps(w, seed=v))
-add("serving", "parallel_sample", "block_size", bad_ints(1, BLOCK), lambda w, o, v: ps(w, block_size=v))
+add("serving", "parallel_sample", "kv_block_size", bad_ints(1, BLOCK), lambda w, o, v: ps(w, kv_block_size=v))
 add("serving", "parallel_sample", "banned", [("春", TypeError), (5, TypeError), ((V,), ValueError), ((1.5,), TypeError),
                                              (tuple(range(V)), ValueError)],
     lambda w, o, v: ps(w, banned=v))
@@ -676,10 +679,10 @@ add("widgets", "MemoryCalculator", "dtype", [(torch.float32, TypeError), ("float
     lambda w, o, v: mc(w, dtype=v))
 add("widgets", "MemoryCalculator", "extra", [([1], TypeError), ({"x": 1}, TypeError), ("x", TypeError)],
     lambda w, o, v: mc(w, extra=v))
-sv = lambda w, **kw: W()["serving"].ServingView(w.model, **{"requests": reqs(), "block_size": 4, **kw})  # noqa: E731
+sv = lambda w, **kw: W()["serving"].ServingView(w.model, **{"requests": reqs(), "kv_block_size": 4, **kw})  # noqa: E731
 add("widgets", "ServingView", "requests", bad_requests, lambda w, o, v: sv(w, requests=v))
 add("widgets", "ServingView", "num_blocks", bad_ints(4), lambda w, o, v: sv(w, num_blocks=v))
-add("widgets", "ServingView", "block_size", bad_ints(1, BLOCK), lambda w, o, v: sv(w, block_size=v))
+add("widgets", "ServingView", "kv_block_size", bad_ints(1, BLOCK), lambda w, o, v: sv(w, kv_block_size=v))
 add("widgets", "ServingView", "max_num_seqs", bad_ints(1), lambda w, o, v: sv(w, max_num_seqs=v))
 add("widgets", "ServingView", "enable_prefix_caching", [(1, TypeError), (None, TypeError)],
     lambda w, o, v: sv(w, enable_prefix_caching=v))
@@ -735,7 +738,7 @@ def test_a_refused_call_leaves_the_object_usable(world):
 
 def test_the_batch_check_counts_copies_on_write_exactly(world):
     """n forks writing into one shared, partly filled block take n - 1 copies: a pool of exactly that fits."""
-    cache = PagedKVCache(world.model.config, 4, block_size=4)
+    cache = PagedKVCache(world.model.config, 4, kv_block_size=4)
     cache.add_sequence(0, [1, 2])
     cache.forward(world.model, [0], [[1, 2]])
     for child in (1, 2, 3):

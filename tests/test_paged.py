@@ -18,11 +18,11 @@ def test_every_request_matches_the_static_cache(shipped_char):
 def test_blocks_smaller_than_a_prompt_still_match(shipped_char):
     model, tok = shipped_char
     prompts = [encode_prompt(tok, "白日依山尽，黄河入海流。"), encode_prompt(tok, "春眠")]
-    assert all(r.passed for r in verify_paged(model, prompts, 12, block_size=4))
+    assert all(r.passed for r in verify_paged(model, prompts, 12, kv_block_size=4))
 
 
 def test_the_pool_hands_out_fresh_blocks_first_and_evicts_the_least_recently_freed(tiny_gpt):
-    pool = BlockPool(tiny_gpt.config, num_blocks=3, block_size=4)
+    pool = BlockPool(tiny_gpt.config, num_blocks=3, kv_block_size=4)
     a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
     assert pool.num_free == 0
     with pytest.raises(RuntimeError, match="full"):
@@ -49,7 +49,7 @@ def test_a_hash_depends_on_the_block_before():
 def test_prefix_hits_reuse_full_blocks_and_change_no_logits(shipped_char):
     model, tok = shipped_char
     prompt = encode_prompt(tok, "床前明月光，疑是地上霜。举头望明月，")
-    cache = PagedKVCache(model.config, 16, block_size=4)
+    cache = PagedKVCache(model.config, 16, kv_block_size=4)
     assert cache.add_sequence("a", prompt) == 0
     first = cache.forward(model, ["a"], [prompt])
     cached = cache.add_sequence("b", prompt)
@@ -66,7 +66,7 @@ def test_prefix_hits_reuse_full_blocks_and_change_no_logits(shipped_char):
 def test_a_fork_shares_blocks_and_copies_the_last_one_on_write(shipped_char):
     model, tok = shipped_char
     prompt = encode_prompt(tok, "春眠不觉晓，处处")  # 9 tokens: two full blocks of 4, one partly filled
-    cache = PagedKVCache(model.config, 12, block_size=4, enable_prefix_caching=False)
+    cache = PagedKVCache(model.config, 12, kv_block_size=4, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
     cache.forward(model, [0], [prompt])
     cache.fork(0, 1)
@@ -78,13 +78,13 @@ def test_a_fork_shares_blocks_and_copies_the_last_one_on_write(shipped_char):
     assert cache.copies_on_write == 1 and cache.tables[0].blocks[:2] == cache.tables[1].blocks[:2]
     assert cache.tables[0].blocks[-1] != cache.tables[1].blocks[-1]
     assert torch.equal(cache.pool.k[:, parent_last * 4:parent_last * 4 + 1], before[:, :1])
-    alone = PagedKVCache(model.config, 4, block_size=4)
+    alone = PagedKVCache(model.config, 4, kv_block_size=4)
     alone.add_sequence(0, prompt + [6])
     assert (alone.forward(model, [0], [prompt + [6]])[0] - out[1]).abs().max() <= 1e-4
 
 
 def test_stored_tokens_count_a_shared_block_once(tiny_gpt):
-    cache = PagedKVCache(tiny_gpt.config, 8, block_size=4)
+    cache = PagedKVCache(tiny_gpt.config, 8, kv_block_size=4)
     cache.add_sequence(0, [1, 2, 3, 4, 5])
     cache.forward(tiny_gpt, [0], [[1, 2, 3, 4, 5]])
     cache.fork(0, 1)
@@ -94,7 +94,7 @@ def test_stored_tokens_count_a_shared_block_once(tiny_gpt):
 def test_bad_input_names_the_parameter(tiny_gpt):
     with pytest.raises(ValueError, match="num_blocks"):
         PagedKVCache(tiny_gpt.config, 0)
-    cache = PagedKVCache(tiny_gpt.config, 8, block_size=4)
+    cache = PagedKVCache(tiny_gpt.config, 8, kv_block_size=4)
     cache.add_sequence(0, [1, 2])
     with pytest.raises(ValueError, match="already"):
         cache.add_sequence(0, [1, 2])
@@ -108,7 +108,7 @@ def test_bad_input_names_the_parameter(tiny_gpt):
 def test_a_block_computed_twice_at_once_is_kept_once(shipped_char):
     model, tok = shipped_char
     prompt = encode_prompt(tok, "白日依山尽，黄河入海流。")  # 13 tokens: three full blocks of 4
-    cache = PagedKVCache(model.config, 8, block_size=4)
+    cache = PagedKVCache(model.config, 8, kv_block_size=4)
     for sid in (0, 1):
         assert cache.add_sequence(sid, prompt) == 0      # neither is stored yet: both compute
     cache.forward(model, [0, 1], [prompt, prompt])

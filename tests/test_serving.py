@@ -82,8 +82,8 @@ def test_prefix_caching_saves_prefill_and_changes_no_token(shipped_char):
     model, tok = shipped_char
     prefix = "床前明月光，疑是地上霜。"
     reqs = [Request(i, encode_prompt(tok, prefix + c), 6, arrival=0.01 * i) for i, c in enumerate("举低望思")]
-    off = run_continuous(model, reqs, 32, block_size=4)
-    on = run_continuous(model, reqs, 32, block_size=4, enable_prefix_caching=True)
+    off = run_continuous(model, reqs, 32, kv_block_size=4)
+    on = run_continuous(model, reqs, 32, kv_block_size=4, enable_prefix_caching=True)
     assert on.tokens == off.tokens
     assert on.computed_tokens < off.computed_tokens
 
@@ -91,13 +91,13 @@ def test_prefix_caching_saves_prefill_and_changes_no_token(shipped_char):
 def test_parallel_samples_share_the_prompt_blocks(shipped_char):
     model, tok = shipped_char
     prompt = encode_prompt(tok, "床前明月光，疑是地上霜。")  # 13 tokens: 3 full blocks of 4, one partly filled
-    r = parallel_sample(model, prompt, 4, 8, block_size=4, seed=1)
+    r = parallel_sample(model, prompt, 4, 8, kv_block_size=4, seed=1)
     assert r["prompt_blocks"] == r["blocks_after_fork"] == 4
     assert r["copies_on_write"] == 3 and r["full_prompt_blocks_still_shared"] == 3
     assert r["blocks_at_end"] < r["blocks_without_sharing"]
     assert len({tuple(o) for o in r["outputs"]}) > 1
-    assert parallel_sample(model, prompt, 4, 8, block_size=4, seed=1)["outputs"] == r["outputs"]
-    kept = parallel_sample(model, prompt, 4, 8, block_size=4, seed=1, banned=(tok.eos_id,))
+    assert parallel_sample(model, prompt, 4, 8, kv_block_size=4, seed=1)["outputs"] == r["outputs"]
+    kept = parallel_sample(model, prompt, 4, 8, kv_block_size=4, seed=1, banned=(tok.eos_id,))
     assert all(tok.eos_id not in o for o in kept["outputs"])
 
 
@@ -125,10 +125,10 @@ def test_the_watermark_keeps_room_to_grow(shipped_char):
     """Admission leaves watermark x the pool free while others run: fewer preemptions, the same tokens."""
     model, tok = shipped_char
     reqs = make_trace(tok, POEMS, 10, rate=1000.0, seed=5, max_new_tokens=24)
-    runs = {w: run_continuous(model, reqs, 40, block_size=4, watermark=w) for w in (0.0, 0.25)}
+    runs = {w: run_continuous(model, reqs, 40, kv_block_size=4, watermark=w) for w in (0.0, 0.25)}
     assert runs[0.25].preemptions < runs[0.0].preemptions
     assert runs[0.25].tokens == runs[0.0].tokens
-    assert Engine(model, 40, block_size=4, watermark=0.25).watermark_blocks == 10
+    assert Engine(model, 40, kv_block_size=4, watermark=0.25).watermark_blocks == 10
 
 
 def test_a_class_shares_the_couplet_and_differs_after_it(shipped_char):

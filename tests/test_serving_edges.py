@@ -30,7 +30,7 @@ def state(engine):
 
 
 def test_a_request_that_cannot_fit_is_refused_and_the_engine_stays_as_it_was(tiny_gpt):
-    engine = Engine(tiny_gpt, 64, block_size=4)
+    engine = Engine(tiny_gpt, 64, kv_block_size=4)
     engine.add(Request(0, [1, 2, 3], 4))
     before = state(engine)
     block, vocab = tiny_gpt.config.block_size, tiny_gpt.config.vocab_size
@@ -49,7 +49,7 @@ def test_a_request_that_cannot_fit_is_refused_and_the_engine_stays_as_it_was(tin
 
 
 def test_two_threads_stepping_one_engine_are_refused_clearly(tiny_gpt):
-    engine = Engine(tiny_gpt, 64, block_size=4)
+    engine = Engine(tiny_gpt, 64, kv_block_size=4)
     for i in range(4):
         engine.add(Request(i, [1, 2, 3], 8))
     errors, inside = [], threading.Event()

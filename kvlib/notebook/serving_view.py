@@ -53,9 +53,9 @@ def block_states(engine: Engine, record: StepRecord | None) -> list[tuple[str, s
         elif block.ref_count == 1:
             sid = owner[bid]
             table = cache.tables[sid]
-            filled = min(cache.block_size, table.length - table.blocks.index(bid) * cache.block_size)
+            filled = min(cache.kv_block_size, table.length - table.blocks.index(bid) * cache.kv_block_size)
             state = "admitted" if record is not None and sid in record.admitted else "decoding"
-            states.append((state, f"r{sid} {max(filled, 0)}/{cache.block_size}"))
+            states.append((state, f"r{sid} {max(filled, 0)}/{cache.kv_block_size}"))
         elif bid in gone and record is not None:
             sid = gone[bid]
             states.append(("preempted" if sid in record.preempted else "finished", f"r{sid}"))
@@ -90,7 +90,7 @@ def pool_html(engine: Engine, record: StepRecord | None = None) -> str:
     legend = "".join(f'<span style="white-space:nowrap;margin-right:14px"><span style="display:inline-block;'
                      f'width:14px;height:14px;vertical-align:middle;background:{c};border:1px solid #bbb"></span> '
                      f'{html.escape(s)}</span> ' for s, c in STATE_COLORS.items())
-    c, b = engine.cache, engine.cache.block_size
+    c, b = engine.cache, engine.cache.kv_block_size
     used, real = c.used_blocks() * b, c.stored_tokens()
     share = f"{100 * real / used:.0f} %" if used else "–"
     now = engine.clock.now()
@@ -119,7 +119,7 @@ class ServingView:
     ``picture()`` is the static picture of the current state, an ordinary HTML output.
     """
 
-    def __init__(self, model: GPT, requests: list[Request], *, num_blocks: int = 16, block_size: int = 16,
+    def __init__(self, model: GPT, requests: list[Request], *, num_blocks: int = 16, kv_block_size: int = 16,
                  max_num_seqs: int = 8, enable_prefix_caching: bool = True, start_steps: int = 0):
         import ipywidgets as w
 
@@ -127,7 +127,7 @@ class ServingView:
         requests = check_requests(requests)
         check_bool("enable_prefix_caching", enable_prefix_caching)
         self.model, self.requests = model, requests
-        self.options = dict(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+        self.options = dict(num_blocks=num_blocks, kv_block_size=kv_block_size, max_num_seqs=max_num_seqs,
                             enable_prefix_caching=enable_prefix_caching)
         self.start_steps = check_int("start_steps", start_steps, 0)
         button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))

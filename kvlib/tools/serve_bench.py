@@ -19,7 +19,7 @@ import torch
 from ..decoding import pad_prompts
 from ..fast import FastDecoder
 from ..model import GPT
-from ..paged import BLOCK_SIZE, PagedKVCache, ceil_div
+from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import (RunResult, make_trace, run_continuous, run_one_at_a_time,
                        run_static_batching)
 from ..timing import Timing, interleaved, machine, percentile, threads, verdict
@@ -94,7 +94,7 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
         return step
 
     def paged(decoder: str):
-        cache = PagedKVCache(cfg, batch_size * ceil_div(context + 1, BLOCK_SIZE), enable_prefix_caching=False)
+        cache = PagedKVCache(cfg, batch_size * ceil_div(context + 1, KV_BLOCK_SIZE), enable_prefix_caching=False)
         sids = list(range(batch_size))
         cut = [p[: context - r % 4] for r, p in enumerate(prompts)]
         for s, p in zip(sids, cut):
@@ -155,12 +155,12 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
             step_rounds):
     trace = make_trace(tokenizer, poems, n_requests, rate, seed, max_new_tokens=max_new_tokens)
     block = model.config.block_size
-    num_blocks = batch_size * block // BLOCK_SIZE  # the static batch's memory, in blocks
+    num_blocks = batch_size * block // KV_BLOCK_SIZE  # the static batch's memory, in blocks
     ways = {"one_at_a_time": lambda: run_one_at_a_time(model, trace),
             "static": lambda: run_static_batching(model, trace, batch_size),
             "continuous": lambda: run_continuous(model, trace, num_blocks, max_num_seqs=max_num_seqs),
             "continuous_block_8": lambda: run_continuous(model, trace, batch_size * block // SMALL_BLOCK,
-                                                         block_size=SMALL_BLOCK, max_num_seqs=max_num_seqs)}
+                                                         kv_block_size=SMALL_BLOCK, max_num_seqs=max_num_seqs)}
     every = runs_in_turns(ways, repeats)
     runs = {k: median_run(v) for k, v in every.items()}
     ref = runs["one_at_a_time"].tokens
@@ -191,15 +191,15 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
                   "answer_tokens": [r.max_new_tokens for r in trace],
                   "mean_final_length": sum(lengths) / len(lengths),
                   "last_arrival_s": trace[-1].arrival},
-        "settings": {"static_batch_size": batch_size, "block_size": BLOCK_SIZE, "num_blocks": num_blocks,
-                     "kv_positions": num_blocks * BLOCK_SIZE, "max_num_seqs": max_num_seqs, "repeats": repeats},
-        "memory_share_bound": {b: expected_share(trace, b) for b in (BLOCK_SIZE, SMALL_BLOCK)},
+        "settings": {"static_batch_size": batch_size, "kv_block_size": KV_BLOCK_SIZE, "num_blocks": num_blocks,
+                     "kv_positions": num_blocks * KV_BLOCK_SIZE, "max_num_seqs": max_num_seqs, "repeats": repeats},
+        "memory_share_bound": {b: expected_share(trace, b) for b in (KV_BLOCK_SIZE, SMALL_BLOCK)},
         "runs": summary, "same_tokens": same, "verdicts": verdicts, "decode_step": step, "targets": targets,
         "machine": machine(),
     }
 
 
-def expected_share(requests: list, block_size: int) -> float:
+def expected_share(requests: list, kv_block_size: int) -> float:
     """The share of a paged cache's positions that hold a token, over every request's decode steps.
 
     After its prefill a request holds n = P + 1 … P + A tokens (prompt P, answer A) in ceil(n / b)
@@ -210,21 +210,23 @@ def expected_share(requests: list, block_size: int) -> float:
     for r in requests:
         for n in range(len(r.prompt) + 1, len(r.prompt) + r.max_new_tokens + 1):
             real += n
-            used += ceil_div(n, block_size) * block_size
+            used += ceil_div(n, kv_block_size) * kv_block_size
     return real / used
 
 
-def prefix_cache_report(model: GPT, requests: list, *, block_size: int = BLOCK_SIZE, kv_positions: int = 1024) -> dict:
+def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_BLOCK_SIZE,
+                        kv_positions: int = 1024) -> dict:
     """The same requests with prefix caching off and on: prefill tokens computed, time to first token.
 
-    The pool holds ``kv_positions`` positions (as many blocks of ``block_size`` as fit), whatever the block size.
+    The pool holds ``kv_positions`` positions (as many blocks of ``kv_block_size`` as fit), whatever the block size.
     """
-    num_blocks = max(kv_positions // block_size, ceil_div(model.config.block_size, block_size))
-    run_continuous(model, requests[:1], num_blocks, block_size=block_size)  # warm-up, not counted
-    off = run_continuous(model, requests, num_blocks, block_size=block_size)
-    on = run_continuous(model, requests, num_blocks, block_size=block_size, enable_prefix_caching=True)
+    num_blocks = max(kv_positions // kv_block_size, ceil_div(model.config.block_size, kv_block_size))
+    run_continuous(model, requests[:1], num_blocks, kv_block_size=kv_block_size)  # warm-up, not counted
+    off = run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size)
+    on = run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size, enable_prefix_caching=True)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {"requests": len(requests), "block_size": block_size, "prompt_tokens": sum(len(r.prompt) for r in requests),
+    return {"requests": len(requests), "kv_block_size": kv_block_size,
+            "prompt_tokens": sum(len(r.prompt) for r in requests),
             "prefill_tokens_without": off.prefill_tokens, "prefill_tokens_with": on.prefill_tokens,
             "prefix_hit_tokens": on.prefix_hit_tokens, "same_tokens": on.tokens == off.tokens,
             "mean_ttft_ms_without": 1e3 * mean(off.ttfts()), "mean_ttft_ms_with": 1e3 * mean(on.ttfts()),
@@ -244,7 +246,7 @@ def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats
     first, rest = prompts[0], prompts[1:]
     if not rest:
         raise ValueError("suffixes must hold at least two suffixes: one request fills the cache, the others hit it")
-    blocks = sum(ceil_div(len(p), BLOCK_SIZE) for p in prompts)
+    blocks = sum(ceil_div(len(p), KV_BLOCK_SIZE) for p in prompts)
     times, computed = {False: [], True: []}, {}
     sids = list(range(1, len(prompts)))
     for _ in range(repeats):
@@ -275,7 +277,7 @@ def format_report(report: dict) -> str:
     lines = [f"{t['requests']} requests arriving at {t['rate_per_s']:g}/s (seed {t['seed']}), "
              f"{t['mean_final_length']:.1f} tokens each on average (prompt and answer); KV memory "
              f"{st['kv_positions']} positions = {st['static_batch_size']} static rows or {st['num_blocks']} blocks "
-             f"of {st['block_size']}; every way decodes with the fast step; "
+             f"of {st['kv_block_size']}; every way decodes with the fast step; "
              + ("each way run once" if st["repeats"] == 1 else f"medians of {st['repeats']} runs, taking turns"),
              f"{'':36} {'tokens/s':>9} {'(spread)':>11} {'passes':>7} {'latency mean':>13} {'TTFT mean':>10} "
              f"{'KV share':>9} {'preempt':>8}"]

@@ -14,7 +14,7 @@ def requests(tok):
 
 def test_the_default_picture_is_the_engine_before_any_step(char):
     model, tok = char
-    view = ServingView(model, requests(tok), num_blocks=16, block_size=8)
+    view = ServingView(model, requests(tok), num_blocks=16, kv_block_size=8)
     assert view.record is None and "before the first step" in view.board.value
     assert all(state == "free" for state, _ in block_states(view.engine, None))
     assert view.picture().data == view.board.value
@@ -22,7 +22,7 @@ def test_the_default_picture_is_the_engine_before_any_step(char):
 
 def test_step_button_steps_the_engine_and_colours_the_blocks(char):
     model, tok = char
-    view = ServingView(model, requests(tok), num_blocks=16, block_size=8, max_num_seqs=4)
+    view = ServingView(model, requests(tok), num_blocks=16, kv_block_size=8, max_num_seqs=4)
     view.step_button.click()
     assert view.record.kind == "prefill" and view.record.admitted == [0]
     states = [s for s, _ in block_states(view.engine, view.record)]
@@ -39,7 +39,7 @@ def test_step_button_steps_the_engine_and_colours_the_blocks(char):
 
 def test_the_picture_has_a_legend_counters_and_the_queue(char):
     model, tok = char
-    view = ServingView(model, requests(tok), num_blocks=16, block_size=8, start_steps=3)
+    view = ServingView(model, requests(tok), num_blocks=16, kv_block_size=8, start_steps=3)
     text = pool_html(view.engine, view.record)
     assert all(state in text for state in STATE_COLORS)
     assert "reserved positions" in text and "waiting:" in text and "step 3" in text
@@ -49,7 +49,7 @@ def test_a_failed_step_shows_a_message_and_clears_the_pool(char, monkeypatch):
     from kvlib.serving import Engine
 
     model, tok = char
-    view = ServingView(model, requests(tok), num_blocks=16, block_size=8)
+    view = ServingView(model, requests(tok), num_blocks=16, kv_block_size=8)
 
     def broken(self):
         raise RuntimeError("the pool ran dry")
@@ -69,7 +69,7 @@ def test_the_view_fits_any_width(char):
     from .widget_checks import assert_fits
 
     model, tok = char
-    view = ServingView(model, requests(tok), num_blocks=16, block_size=8, max_num_seqs=4)
+    view = ServingView(model, requests(tok), num_blocks=16, kv_block_size=8, max_num_seqs=4)
     assert_fits(view)
     while not view.step_button.disabled:
         view.step_button.click()

@@ -125,7 +125,7 @@ def _serving(model, tok):
     from kvlib.serving import Request
 
     reqs = [Request(i, text.encode_prompt(tok, p), 12, arrival=i) for i, p in enumerate(["床前明月光，", "白日依山尽，", "春风"])]
-    view = ServingView(model, reqs, num_blocks=16, block_size=8)
+    view = ServingView(model, reqs, num_blocks=16, kv_block_size=8)
     yield view
     for _ in range(6):
         view.step_button.click()

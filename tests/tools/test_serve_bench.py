@@ -26,7 +26,7 @@ def test_the_report_has_every_figure_for_every_way(report):
         assert r["tokens_per_s_low"] <= r["tokens_per_s"] <= r["tokens_per_s_high"]
         assert r["generated_tokens"] == sum(report["trace"]["answer_tokens"])
     assert report["same_tokens"] is True
-    assert report["settings"]["num_blocks"] * report["settings"]["block_size"] == 2 * 128
+    assert report["settings"]["num_blocks"] * report["settings"]["kv_block_size"] == 2 * 128
     assert report["settings"]["repeats"] == 2
     bound = report["memory_share_bound"]
     assert set(bound) == {16, 8} and 0 < bound[16] < bound[8] <= 1  # smaller blocks leave less empty
@@ -88,7 +88,7 @@ def test_prefix_reports_count_what_the_cache_saves(shipped_char):
 
     model, tok = shipped_char
     reqs = [Request(i, encode_prompt(tok, "床前明月光，疑是地上霜。" + c), 3, 0.05 * i) for i, c in enumerate("举低望")]
-    r = prefix_cache_report(model, reqs, block_size=4)
+    r = prefix_cache_report(model, reqs, kv_block_size=4)
     assert r["same_tokens"] and r["prefill_tokens_without"] == r["prompt_tokens"] == 42
     assert r["prefix_hit_tokens"] > 0 and r["prefill_tokens_with"] < r["prefill_tokens_without"]
     assert prefix_cache_report(model, reqs)["prefix_hit_tokens"] == 0  # 14-token prompts: no full block of 16

@@ -17,6 +17,7 @@ import numbers
 import torch
 
 from ..decoding import generate
+from ..paged import ceil_div
 from ..text import encode_prompt
 
 DECODE_PROMPTS = ("床前看月光，", "白日依山尽，黄河入海", "春")
@@ -759,11 +760,11 @@ BLOCK_CASES = ((40, 35, 16), (49, 31, 16), (33, 32, 16), (32, 16, 16), (16, 0, 1
 
 @_stops_at_placeholder
 def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
-    """``fn(length_before, length_after, block_size) -> list of block indices``: the blocks (0, 1, 2, … in the
+    """``fn(length_before, length_after, kv_block_size) -> list of block indices``: the blocks (0, 1, 2, … in the
     sequence's block table) that held at least one slot before the roll-back and hold none after it."""
     passed = True
     for before, after, size in cases:
-        want = list(range(-(-after // size), -(-before // size)))
+        want = list(range(ceil_div(after, size), ceil_div(before, size)))
         label = f"{before} → {after} slots, blocks of {size}"
         ok, got = _call(fn, before, after, size, label=label)
         if not ok:
@@ -781,7 +782,7 @@ def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
             print(f"✗ {label}: expected a list of block indices {want}, got {_brief(got)}")
             continue
         hint = (". A block holding even one slot stays in use: count the blocks in use as ceil(length / "
-                "block_size), not length // block_size" if blocks == list(range(after // size, before // size)) else "")
+                "kv_block_size), not length // kv_block_size" if blocks == list(range(after // size, before // size)) else "")
         print(f"✗ {label}: expected {want}, got {blocks}" + hint)
     return passed
 

@@ -378,7 +378,7 @@ def test_check_blocks_to_free(capsys):
     capsys.readouterr()
     assert not check_blocks_to_free(lambda before, after, size=16: list(range(after // size, before // size)))
     out = capsys.readouterr().out
-    assert "49 → 31 slots, blocks of 16: expected [2, 3], got [1, 2]" in out and "ceil(length / block_size)" in out
+    assert "49 → 31 slots, blocks of 16: expected [2, 3], got [1, 2]" in out and "ceil(length / kv_block_size)" in out
     assert not check_blocks_to_free(lambda before, after, size=16: list(range(-(-after // 16), -(-before // 16))))
     assert "20 → 5 slots, blocks of 8: expected [1, 2]" in capsys.readouterr().out
     assert_placeholder_reported(check_blocks_to_free)

@@ -10,7 +10,7 @@ from ..model import GPT, GPTConfig
 from ..tokenizer import tokenizer_from_dict
 from .integrity import DATA_DIR, DamagedFileError, IntegrityError, check_regular_file, verified_path, write_json
 
-MODELS = ("tang-char", "tang-bpe", "tang-char-draft")
+MODELS = ("tang-char", "tang-bpe", "tang-char-draft", "tang-char-gqa2", "tang-char-mqa", "tang-char-mla")
 
 
 def save_tokenizer(tokenizer, path) -> None:

@@ -78,7 +78,7 @@ def converted(base: GPT, spec: str) -> GPT:
     return load_pretrained(spec)[0]
 
 
-def texts(tokenizer, n_texts: int = 50, length: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+def texts(tokenizer, n_texts: int = 50, length: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """``n_texts`` windows of the validation split (inputs and next tokens, (n_texts, length) each)."""
     _, val = corpus.split(corpus.load_poems())
     ids = torch.tensor(tokenizer.encode_corpus(val[: 8 * n_texts]), dtype=torch.long)
@@ -89,7 +89,7 @@ def texts(tokenizer, n_texts: int = 50, length: int = 48) -> tuple[torch.Tensor,
 
 
 @torch.inference_mode()
-def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 48) -> dict:
+def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> dict:
     """Every setting's bytes per token (measured ``nbytes`` after the texts), memory cut, nats per
     token, KL against the full cache and top-1 agreement, on the same ``n_texts`` texts."""
     x, y = texts(tokenizer, n_texts, length)

@@ -33,13 +33,18 @@ def claim(holds, text: str, evidence: str = "") -> None:
     print(f"✓ {text}" + (f"  ({evidence})" if evidence else ""))
 
 
-def measured(holds, text: str, evidence: str = "") -> None:
+def measured(holds, text: str, evidence: str = "", *, within_noise: bool = False) -> None:
     """Print what this machine's timings showed: ``text`` if ``holds``, else that it did not, this time.
 
     Timings move between machines and runs, so the prose never depends on them; this line reports the
     run's own verdict with its evidence, and a teacher's Run All goes on whichever way it fell.
+    ``within_noise=True`` (the two timings' spreads overlap, :func:`kvlib.timing.verdict`) says so
+    instead of either answer.
     """
     if not isinstance(text, str) or not text:
         raise TypeError(f"text must be the sentence being reported, got {text!r}")
-    said = f"measured here: {text}" if bool(holds) else f"measured here, not so this time: {text}"
+    if within_noise:
+        said = f"measured here, within noise this time: {text}"
+    else:
+        said = f"measured here: {text}" if bool(holds) else f"measured here, not so this time: {text}"
     print(said + (f"  ({evidence})" if evidence else ""))

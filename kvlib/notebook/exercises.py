@@ -821,3 +821,57 @@ def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32),
                 f"{group} numbers" if got is not None and math.isclose(got, codes) else "")
         print(f"✗ {label}: expected {want:,.0f} bytes a token, got {got}" + hint)
     return passed
+
+
+# ---- notebook 7 ----------------------------------------------------------------------------------
+
+@_stops_at_placeholder
+def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions: int = 1024) -> bool:
+    """``fn(kv_block_size) -> memory share``: ``requests`` served continuously in ``kv_positions`` positions
+    cut into blocks of that size; compared with the engine's own count for each size."""
+    from ..serving import run_continuous
+
+    passed = True
+    for size in sizes:
+        want = run_continuous(model, requests, num_blocks=kv_positions // size, kv_block_size=size).memory_share
+        label = f"blocks of {size}"
+        ok, got = _call(fn, size, label=label)
+        if not ok:
+            passed = False
+            continue
+        got = _as_number(got, "share")
+        if got is not None and math.isclose(got, want, abs_tol=1e-9):
+            print(f"✓ {label}: memory share {100 * want:.1f} %")
+            continue
+        passed = False
+        hint = (": a share is a fraction of 1, not a percentage" if got is not None and math.isclose(got, 100 * want)
+                else f": did you give the engine {kv_positions} // {size} = {kv_positions // size} blocks of {size}?")
+        print(f"✗ {label}: expected a memory share of {want:.4f}, got {got}" + hint)
+    return passed
+
+
+@_stops_at_placeholder
+def check_prefix_hits(fn, model, prompts, kv_block_size: int = 4) -> bool:
+    """``fn(prompts, kv_block_size) -> list``: the prompt tokens each prompt finds in one pool with prefix
+    caching, the prompts arriving one after another (each prefilled before the next arrives)."""
+    from ..paged import PagedKVCache
+
+    pool, want = PagedKVCache(model.config, 256, kv_block_size=kv_block_size), []
+    for i, p in enumerate(prompts):
+        want.append(pool.add_sequence(i, p))
+        pool.forward(model, [i], [p[want[-1]:]])
+    label = f"{len(prompts)} prompts, blocks of {kv_block_size}"
+    ok, got = _call(fn, prompts, kv_block_size, label=label)
+    if not ok:
+        return False
+    try:
+        got = [_as_int(x) for x in got]
+    except Exception:
+        got = None
+    if got == want:
+        print(f"✓ {label}: {want}")
+        return True
+    print(f"✗ {label}: expected {want}, got {_brief(got)}"
+          + (". A prompt finds only what earlier prompts left in the pool: prefill each before adding the next"
+             if got is not None and got[:1] == want[:1] and got != want and all(g == 0 for g in got) else ""))
+    return False

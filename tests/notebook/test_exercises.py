@@ -394,3 +394,34 @@ def test_bytes_per_token_check_answers_back(capsys):
     assert "add 4 bytes (float16 scale and zero point)" in capsys.readouterr().out
     assert not check_bytes_per_token(lambda b, g: None, cfg)
     assert "returned None" in capsys.readouterr().out
+
+
+def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
+    from kvlib.notebook.exercises import check_memory_shares, check_prefix_hits
+    from kvlib.paged import PagedKVCache
+    from kvlib.serving import make_trace, run_continuous
+    from kvlib.text import encode_prompt
+
+    model, tok = char
+    poems = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。", "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"]
+    trace = make_trace(tok, poems, 3, max_new_tokens=8)
+    right = lambda bs: run_continuous(model, trace, num_blocks=256 // bs, kv_block_size=bs).memory_share  # noqa: E731
+    assert check_memory_shares(right, model, trace, sizes=(4, 16), kv_positions=256)
+    capsys.readouterr()
+    assert not check_memory_shares(lambda bs: 100 * right(bs), model, trace, sizes=(4,), kv_positions=256)
+    assert "a fraction of 1, not a percentage" in capsys.readouterr().out
+
+    prompts = [encode_prompt(tok, "床前明月光，疑是地上霜。" + c) for c in "举低春"]
+
+    def hits(ps, size):
+        pool, found = PagedKVCache(model.config, 256, kv_block_size=size), []
+        for i, p in enumerate(ps):
+            found.append(pool.add_sequence(i, p))
+            pool.forward(model, [i], [p[found[-1]:]])
+        return found
+
+    assert check_prefix_hits(hits, model, prompts)
+    capsys.readouterr()
+    assert not check_prefix_hits(lambda ps, size: [0] * len(ps), model, prompts)
+    assert "prefill each before adding the next" in capsys.readouterr().out
+    assert not check_prefix_hits(lambda ps, size: None, model, prompts)

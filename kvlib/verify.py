@@ -166,3 +166,33 @@ def check_batch_consistency(model: GPT, prompts: list[list[int]], steps: int, *,
     return {"steps": steps, "rows": rows, "atol": atol, "consistent": ok and diff <= atol,
             "tokens_equal": all(c["equal"] for r in rows for c in r["comparisons"].values()),
             "max_abs_logit_diff": diff, "min_margin": min(r["min_margin"] for r in rows)}
+
+
+# ---- two samples, one distribution? (notebook 8: sampled speculative decoding) ---------------------
+
+def total_variation(a, b) -> float:
+    """Half the L1 distance between two distributions, given as counts or probabilities."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return 0.5 * float((a / a.sum() - b / b.sum()).abs().sum())
+
+
+def chi_square_homogeneity(a, b, min_expected: float = 5.0) -> float:
+    """p-value of Pearson's test that two count vectors come from one distribution.
+
+    Cells expected to hold fewer than ``min_expected`` counts in either sample are pooled into one.
+    """
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    A, B = float(a.sum()), float(b.sum())
+    n = a + b
+    big = (n * min(A, B) / (A + B)) >= min_expected
+    rows_a = torch.cat([a[big], a[~big].sum()[None]]) if (~big).any() else a[big]
+    rows_b = torch.cat([b[big], b[~big].sum()[None]]) if (~big).any() else b[big]
+    n = rows_a + rows_b
+    keep = n > 0
+    rows_a, rows_b, n = rows_a[keep], rows_b[keep], n[keep]
+    if len(n) < 2:
+        return 1.0
+    ea, eb = n * A / (A + B), n * B / (A + B)
+    stat = float(((rows_a - ea) ** 2 / ea + (rows_b - eb) ** 2 / eb).sum())
+    df = len(n) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))

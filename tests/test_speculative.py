@@ -12,7 +12,7 @@ from kvlib.model import GPT, GPTConfig
 from kvlib.sampling import probabilities
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
                                accept_sampled, expected_tokens_per_round, speculative_generate)
-from kvlib.tools.spec_bench import chi_square_homogeneity, total_variation
+from kvlib.verify import chi_square_homogeneity, total_variation
 
 TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)  # as conftest's tiny_gpt
 V = TINY_SHAPE.vocab_size

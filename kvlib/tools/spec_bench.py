@@ -10,8 +10,8 @@ fast path), side by side in one run, checks that the tokens are the same, and re
 - the cost of one draft step and of one verify pass of γ + 1 tokens, which with α explain the speed-up;
 - transformers' assisted generation (and prompt lookup) with the same weights, when installed.
 
-It also holds the two statistics of notebook 8's sampling check (total variation, a chi-square
-homogeneity test) and the corpus n-gram draft. Tests check the report's structure, never its timings.
+It also builds the corpus n-gram draft. (The statistics of notebook 8's sampling check live in
+:mod:`kvlib.verify`.) Tests check the report's structure, never its timings.
 """
 from __future__ import annotations
 
@@ -33,36 +33,6 @@ from .bench import to_transformers, transformers_available
 GAMMAS = tuple(range(1, 9))
 TARGET_SPEEDUP = 1.3
 PROMPT_CHARS = (2, 5, 7, 12)  # prompts: the first characters of validation poems
-
-
-# ---- statistics -----------------------------------------------------------------------------------
-
-def total_variation(a, b) -> float:
-    """Half the L1 distance between two distributions, given as counts or probabilities."""
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
-    return 0.5 * float((a / a.sum() - b / b.sum()).abs().sum())
-
-
-def chi_square_homogeneity(a, b, min_expected: float = 5.0) -> float:
-    """p-value of Pearson's test that two count vectors come from one distribution.
-
-    Cells expected to hold fewer than ``min_expected`` counts in either sample are pooled into one.
-    """
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
-    A, B = float(a.sum()), float(b.sum())
-    n = a + b
-    big = (n * min(A, B) / (A + B)) >= min_expected
-    rows_a = torch.cat([a[big], a[~big].sum()[None]]) if (~big).any() else a[big]
-    rows_b = torch.cat([b[big], b[~big].sum()[None]]) if (~big).any() else b[big]
-    n = rows_a + rows_b
-    keep = n > 0
-    rows_a, rows_b, n = rows_a[keep], rows_b[keep], n[keep]
-    if len(n) < 2:
-        return 1.0
-    ea, eb = n * A / (A + B), n * B / (A + B)
-    stat = float(((rows_a - ea) ** 2 / ea + (rows_b - eb) ** 2 / eb).sum())
-    df = len(n) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
 
 
 # ---- the drafts -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import torch
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import NeuralDraft, NgramDraft
 from kvlib.tools import spec_bench
+from kvlib.verify import chi_square_homogeneity, total_variation
 from kvlib.tools.cli import build_parser
 
 
@@ -64,11 +65,11 @@ def test_given_costs_are_used_not_measured_again(monkeypatch):
 
 
 def test_statistics():
-    assert spec_bench.total_variation([1, 0], [0, 1]) == 1.0
-    assert spec_bench.total_variation([2, 2], [10, 10]) == 0.0
-    assert spec_bench.chi_square_homogeneity([500, 500], [505, 495]) > 0.5
-    assert spec_bench.chi_square_homogeneity([900, 100], [500, 500]) < 1e-6
-    assert spec_bench.chi_square_homogeneity([3, 0, 1], [2, 1, 0]) == pytest.approx(1.0)  # all pooled
+    assert total_variation([1, 0], [0, 1]) == 1.0
+    assert total_variation([2, 2], [10, 10]) == 0.0
+    assert chi_square_homogeneity([500, 500], [505, 495]) > 0.5
+    assert chi_square_homogeneity([900, 100], [500, 500]) < 1e-6
+    assert chi_square_homogeneity([3, 0, 1], [2, 1, 0]) == pytest.approx(1.0)  # all pooled
 
 
 def test_char_corpus_ids_match_encode_corpus(shipped_char):

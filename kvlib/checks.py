@@ -178,8 +178,10 @@ def check_weights(model) -> None:
     The scan runs once per state of the weights: in-place writes (an optimiser step,
     ``load_state_dict``, an edit under ``no_grad``) bump a tensor's version counter and so rescan.
     """
+    from .model import weights_key  # model.py imports this module: the import waits until the call
+
     named = [*model.named_parameters(), *model.named_buffers()]
-    state = tuple((id(t), t._version) for _, t in named)
+    state = weights_key(model)
     if _FINITE_STATES.get(model) == state:
         return
     for name, t in named:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import ContextLimitError, check_int, check_model, one_at_a_time
-from .model import GPT, KVCache
+from .model import GPT, KVCache, weights_key
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "run_blocks", "step_weights"]
 
@@ -109,12 +109,9 @@ _lock = threading.Lock()
 
 
 def step_weights(model: GPT) -> StepWeights:
-    """The model's :class:`StepWeights`, rebuilt only when a parameter is new or was written to.
-
-    ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_``
-    under ``no_grad``); ``id`` changes when a parameter is replaced. Either makes the copy stale.
-    """
-    state = tuple((id(p), p._version) for p in model.parameters())
+    """The model's :class:`StepWeights`, rebuilt only when a weight is new or was written to
+    (:func:`kvlib.model.weights_key`)."""
+    state = weights_key(model)
     with _lock:
         hit = _built.get(model)
         if hit is None or hit[0] != state:

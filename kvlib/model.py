@@ -89,6 +89,16 @@ class Cache(Protocol):
     def truncate(self, n: int) -> None: ...
 
 
+def weights_key(module: nn.Module) -> tuple:
+    """What changes when any weight of ``module`` does: each parameter's and buffer's identity and version.
+
+    ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_`` under
+    ``no_grad``); ``id`` changes when a tensor is replaced. Anything computed from the weights (the fast
+    path's copies, the finite-weights check) is stale when this key changes.
+    """
+    return tuple((id(t), t._version) for t in (*module.parameters(), *module.buffers()))
+
+
 def check_truncate(cache, n) -> int:
     """``n`` for ``cache.truncate(n)``: an int in [0, cache.length]."""
     return check_int("n", n, 0, cache.length, f"an int in [0, length={cache.length}] (positions to keep)")

@@ -229,40 +229,40 @@ def test_training_leaves_the_global_rng_and_threads_alone(tmp_path):
     assert torch.get_num_threads() == threads
 
 
+def saved_listings(notebook: Path) -> list[tuple[str, str]]:
+    """(object name, listed source) of every ``show_source`` output saved in ``notebook``, unescaped."""
+    import html
+
+    listings = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for out in cell.get("outputs", []):
+            page = "".join(out.get("data", {}).get("text/html", ""))
+            listings += re.findall(r'<details data-source="([^"]+)".*?<pre[^>]*>(.*?)</pre></details>', page, re.S)
+    return [(html.unescape(name), html.unescape(code)) for name, code in listings]
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_source_listing_shown_is_the_installed_source(notebook):
     """What a learner reads is what runs: each saved ``show_source`` listing equals ``inspect.getsource`` now."""
-    import html
     import inspect
 
     from kvlib.notebook.source import resolve
 
+    listings = saved_listings(notebook)
     nb = json.loads(notebook.read_text(encoding="utf-8"))
-    listings = []
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            page = "".join(out.get("data", {}).get("text/html", ""))
-            listings += re.findall(r'<details data-source="([^"]+)".*?<pre[^>]*>(.*?)</pre></details>', page, re.S)
     shown = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert len(listings) >= shown.count("show_source("), f"{notebook.name}: run it again; a listing has no saved output"
-    stale = [name for name, code in listings if html.unescape(code) != inspect.getsource(resolve(html.unescape(name)))]
+    stale = [name for name, code in listings if code != inspect.getsource(resolve(name))]
     assert not stale, f"{notebook.name}: re-run it; these listings differ from the installed code: {stale}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_object_a_notebook_shows_is_public(notebook):
     """What a learner reads is the library's public surface: no listing of a private name."""
-    import html
-
     from kvlib.notebook.source import resolve
 
-    nb = json.loads(notebook.read_text(encoding="utf-8"))
-    names = []
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            names += re.findall(r'<details data-source="([^"]+)"', "".join(out.get("data", {}).get("text/html", "")))
-    private = [n for n in map(html.unescape, names)
-               if any(part.startswith("_") for part in re.split(r"[.:]", n))]
+    names = [name for name, _ in saved_listings(notebook)]
+    private = [n for n in names if any(part.startswith("_") for part in re.split(r"[.:]", n))]
     assert not private, f"{notebook.name} shows private names: {private}; make them public or show the public caller"
-    for name in map(html.unescape, names):
+    for name in names:
         resolve(name)  # exists

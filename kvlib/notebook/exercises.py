@@ -787,6 +787,19 @@ def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
     return passed
 
 
+def _number_case(fn, args: tuple, label: str, name: str, close, said: str, expected: str, hint) -> bool:
+    """One case whose answer is a number: ✓ with ``said``, or ✗ with the expected, the actual and ``hint(got)``."""
+    ok, got = _call(fn, *args, label=label)
+    if not ok:
+        return False
+    got = _as_number(got, name)
+    if got is not None and close(got):
+        print(f"✓ {label}: {said}")
+        return True
+    print(f"✗ {label}: expected {expected}, got {got}" + (hint(got) if got is not None else ""))
+    return False
+
+
 # ---- notebook 9 ----------------------------------------------------------------------------------
 
 @_stops_at_placeholder
@@ -806,20 +819,13 @@ def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32),
                 cache.write(layer, k, v)
             cache.advance(2 * group)
         want = cache.nbytes / (2 * group)
-        label = f"{bits} bits, groups of {group}"
-        ok, got = _call(fn, bits, group, label=label)
-        if not ok:
-            passed = False
-            continue
-        got = _as_number(got, "bytes")
-        if got is not None and math.isclose(got, want, rel_tol=1e-9):
-            print(f"✓ {label}: {want:,.0f} bytes a token, as the cache measures")
-            continue
-        passed = False
         codes = config.n_layer * 2 * config.n_embd * bits / 8
-        hint = (f". The codes alone take {codes:,.0f}: add 4 bytes (float16 scale and zero point) for every "
-                f"{group} numbers" if got is not None and math.isclose(got, codes) else "")
-        print(f"✗ {label}: expected {want:,.0f} bytes a token, got {got}" + hint)
+        hint = lambda got, codes=codes, group=group: (  # noqa: E731
+            f". The codes alone take {codes:,.0f}: add 4 bytes (float16 scale and zero point) for every {group} "
+            f"numbers" if math.isclose(got, codes) else "")
+        passed &= _number_case(fn, (bits, group), f"{bits} bits, groups of {group}", "bytes",
+                               lambda got, want=want: math.isclose(got, want, rel_tol=1e-9),
+                               f"{want:,.0f} bytes a token, as the cache measures", f"{want:,.0f} bytes a token", hint)
     return passed
 
 
@@ -834,19 +840,12 @@ def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions:
     passed = True
     for size in sizes:
         want = run_continuous(model, requests, num_blocks=kv_positions // size, kv_block_size=size).memory_share
-        label = f"blocks of {size}"
-        ok, got = _call(fn, size, label=label)
-        if not ok:
-            passed = False
-            continue
-        got = _as_number(got, "share")
-        if got is not None and math.isclose(got, want, abs_tol=1e-9):
-            print(f"✓ {label}: memory share {100 * want:.1f} %")
-            continue
-        passed = False
-        hint = (": a share is a fraction of 1, not a percentage" if got is not None and math.isclose(got, 100 * want)
-                else f": did you give the engine {kv_positions} // {size} = {kv_positions // size} blocks of {size}?")
-        print(f"✗ {label}: expected a memory share of {want:.4f}, got {got}" + hint)
+        hint = lambda got, want=want, size=size: (  # noqa: E731
+            ": a share is a fraction of 1, not a percentage" if math.isclose(got, 100 * want)
+            else f": did you give the engine {kv_positions} // {size} = {kv_positions // size} blocks of {size}?")
+        passed &= _number_case(fn, (size,), f"blocks of {size}", "share",
+                               lambda got, want=want: math.isclose(got, want, abs_tol=1e-9),
+                               f"memory share {100 * want:.1f} %", f"a memory share of {want:.4f}", hint)
     return passed
 
 

@@ -464,3 +464,58 @@ class one_at_a_time:
     def __exit__(self, *exc):
         self.lock.release()
         return False
+
+
+# ---- caches: sizes, chunks of keys and values, token-id tensors ------------------------------------
+
+CACHE_ELEMENTS_MAX = 2**31  # keys and values of one cache, at most (as FastDecoder's)
+
+
+def check_cache_shape(config, batch_size, max_len) -> tuple[int, int]:
+    """``batch_size`` and ``max_len`` (None: the block) of a cache of at most 2**31 numbers for ``config``."""
+    max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
+                        f"an int in [1, block_size={config.block_size}]")
+    top = max(1, CACHE_ELEMENTS_MAX // (2 * config.n_layer * config.n_embd * max_len))
+    batch_size = check_int("batch_size", batch_size, 1, top, f"an int in [1, {top}] (a cache of at most 2**31 numbers)")
+    return batch_size, max_len
+
+
+def check_multi_head(config, what: str) -> None:
+    """``what`` stores one key/value head per query head: grouped or latent models are refused."""
+    if not config.multi_head:
+        raise ValueError(f"config must be a multi-head attention model's (n_kv_head=0, kv_latent=0): {what} stores "
+                         f"one key and value per query head, got n_kv_head={config.n_kv_head}, "
+                         f"kv_latent={config.kv_latent}")
+
+
+def check_chunk(name: str, t, shape: tuple, like: torch.Tensor | None = None) -> torch.Tensor:
+    """A floating tensor of ``shape`` (None: any size) with finite values; ``like``: its dtype and device."""
+    want = "(" + ", ".join("T" if s is None else str(s) for s in shape) + ")"
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor of shape {want}, got {_describe(t)}")
+    if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if like is not None and t.dtype != like.dtype:
+        raise TypeError(f"{name} must be {like.dtype} like the values stored before it, got {t.dtype}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} must be on {like.device} like the values stored before it, got {t.device}")
+    if t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} holds NaN or inf; allowed are finite values")
+    return t
+
+
+def check_id_tensor(idx, vocab_size: int, *, batch: int | None = None, room: int | None = None,
+                    name: str = "idx") -> torch.Tensor:
+    """Token ids: an int64 tensor (B, T), B and T >= 1, ids in [0, vocab_size); ``batch`` rows, ``room`` tokens at most."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long or idx.dim() != 2:
+        raise TypeError(f"{name} must be an int64 tensor of token ids with shape (B, T), got {_describe(idx)}")
+    if 0 in idx.shape:
+        raise ValueError(f"{name} must hold at least one token in at least one row, got shape {tuple(idx.shape)}")
+    if batch is not None and idx.shape[0] != batch:
+        raise ValueError(f"{name} must have {batch} row(s), one per sequence of the cache, got {idx.shape[0]}")
+    lo, hi = (int(v) for v in idx.aminmax())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name} holds token ids {lo}..{hi}; allowed are ids in [0, {vocab_size})")
+    if room is not None and idx.shape[1] > room:
+        raise ContextLimitError(f"{name} has {idx.shape[1]} tokens; room is left for {room}")
+    return idx

@@ -38,8 +38,9 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError, check_config, check_int, check_model
-from .model import GPTConfig, causal_mask, check_truncate
+from .checks import (ContextLimitError, check_bool, check_cache_shape, check_chunk, check_config, check_device,
+                     check_id_tensor, check_int, check_multi_head)
+from .model import GPT, GPTConfig, causal_mask, check_truncate
 
 __all__ = ["EvictingCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "forward_with_cache"]
 
@@ -62,10 +63,9 @@ class EvictingCache:
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None):
         check_config(config, GPTConfig)
+        check_multi_head(config, type(self).__name__)
         self.config = config
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
-                                 config.block_size, f"an int in [1, block_size={config.block_size}]")
+        self.batch_size, self.max_len = check_cache_shape(config, batch_size, max_len)
         L = config.n_layer
         self.k: list[torch.Tensor | None] = [None] * L
         self.v: list[torch.Tensor | None] = [None] * L
@@ -75,10 +75,27 @@ class EvictingCache:
 
     def next_positions(self, T: int, device=None) -> torch.Tensor:
         """(1, T): the positions of the next ``T`` tokens, for ``GPT.forward``'s ``position_ids``."""
+        self.check_room(check_int("T", T, 0))
+        device = check_device(device)
         return torch.arange(self.position, self.position + T, device=device)[None]
+
+    def check_room(self, T: int) -> None:
+        """``T`` more positions fit: the cache numbers at most ``max_len``."""
+        if self.position + T > self.max_len:
+            raise ContextLimitError(f"{T} new position(s) after {self.position} need {self.position + T}; "
+                                    f"the cache numbers at most {self.max_len}")
+
+    def check_model(self, model) -> None:
+        """A kvlib GPT of the cache's configuration."""
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
+        if model.config != self.config:
+            raise ValueError(f"model's config {model.config} is not the cache's {self.config}: make the cache "
+                             f"from model.config")
 
     def attached(self, model):
         """A context in which ``model``'s forward pass hands the cache what it needs (nothing here)."""
+        self.check_model(model)
         return nullcontext()
 
     def keep(self, layer: int) -> torch.Tensor | None:
@@ -89,14 +106,8 @@ class EvictingCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Append a chunk (B, H, T, D) at positions ``position ...``; return the kept keys and it, (B, H, K + T, D)."""
-        expected = (self.batch_size, self.config.n_head, k.shape[2], self.config.head_size)
-        if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise ValueError(f"write takes k and v of shape (B, H, T, D) = {expected}, got {tuple(k.shape)} "
-                             f"and {tuple(v.shape)}")
+        self.check_write(layer, k, v)
         T = k.shape[2]
-        if self.position + T > self.max_len:
-            raise ContextLimitError(f"{T} new position(s) after {self.position} need {self.position + T}; "
-                                    f"the cache numbers at most {self.max_len}")
         if self.k[layer] is None:
             self.k[layer], self.v[layer] = k[:, :, :0], v[:, :, :0]
             self.positions[layer] = torch.empty(*k.shape[:2], 0, dtype=torch.long, device=k.device)
@@ -108,11 +119,21 @@ class EvictingCache:
         self.written(layer)
         return self.k[layer], self.v[layer]
 
+    def check_write(self, layer, k, v) -> None:
+        """``layer`` in [0, L), k and v finite (B, H, T, D) chunks that fit the positions left."""
+        check_int("layer", layer, 0, self.config.n_layer - 1)
+        shape = (self.batch_size, self.config.n_head, None, self.config.head_size)
+        like = next((t for t in self.k if t is not None), None)
+        check_chunk("k", k, shape, like)
+        check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like)
+        self.check_room(k.shape[2])
+
     def written(self, layer: int) -> None:
         """Called after each write (H2O scores the keys here)."""
 
     def advance(self, n: int) -> None:
         """``n`` positions were written to every layer: count them, then evict down to the budget."""
+        n = check_int("n", n, 0)
         held = {0 if t is None else t.shape[2] for t in self.k}
         if held != {self.length + n}:
             raise ValueError(f"advance(n) comes after writing n new positions to every layer; n = {n!r}, "
@@ -158,7 +179,12 @@ class SlidingWindowCache(EvictingCache):
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, window: int):
         super().__init__(config, batch_size, max_len)
-        self.window = check_int("window", window, 1, allowed="a positive int (recent positions kept)")
+        self._set_window(window)
+
+    def _set_window(self, window) -> None:
+        room = self.max_len - self.sinks
+        self.window = check_int("window", window, 1, room, f"an int in [1, {room}] (recent positions kept, "
+                                f"{self.sinks} sinks and the window in max_len={self.max_len})")
         self.budget = self.sinks + self.window
 
     def keep(self, layer: int) -> torch.Tensor | None:
@@ -173,8 +199,11 @@ class SinkCache(SlidingWindowCache):
     """StreamingLLM: the first ``sinks`` positions, which draw much attention, plus the ``window`` most recent."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, sinks: int, window: int):
-        self.sinks = check_int("sinks", sinks, 0, allowed="an int >= 0 (first positions kept)")
-        super().__init__(config, batch_size, max_len, window=window)
+        EvictingCache.__init__(self, config, batch_size, max_len)
+        top = self.max_len - 1
+        self.sinks = check_int("sinks", sinks, 0, top, f"an int in [0, {top}] (first positions kept, a window "
+                               f"of at least 1 after them in max_len={self.max_len})")
+        self._set_window(window)
 
 
 class HeavyHitterCache(EvictingCache):
@@ -188,7 +217,8 @@ class HeavyHitterCache(EvictingCache):
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, budget: int,
                  recent: int):
         super().__init__(config, batch_size, max_len)
-        self.budget = check_int("budget", budget, 1, allowed="a positive int (positions kept)")
+        self.budget = check_int("budget", budget, 1, self.max_len,
+                                f"an int in [1, max_len={self.max_len}] (positions kept)")
         self.recent = check_int("recent", recent, 0, budget, f"an int in [0, budget={budget}]")
         self.scores: list[torch.Tensor | None] = [None] * config.n_layer  # (B, H, K)
         self.queries: list[torch.Tensor | None] = [None] * config.n_layer  # (B, H, T), until written
@@ -196,6 +226,7 @@ class HeavyHitterCache(EvictingCache):
     @contextmanager
     def attached(self, model):
         """While inside, each attention module hands this cache its queries before it writes."""
+        self.check_model(model)
         handles = [block.attn.register_forward_pre_hook(self._query_hook(layer))
                    for layer, block in enumerate(model.transformer.h)]
         try:
@@ -203,6 +234,7 @@ class HeavyHitterCache(EvictingCache):
         finally:
             for h in handles:
                 h.remove()
+            self.queries = [None] * self.config.n_layer  # none left over from a pass that stopped half way
 
     def _query_hook(self, layer: int):
         def hook(attn, args):
@@ -214,15 +246,19 @@ class HeavyHitterCache(EvictingCache):
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """The queries (B, H, T, D) of the chunk that ``layer`` is about to write."""
+        check_int("layer", layer, 0, self.config.n_layer - 1)
+        like = next((t for t in self.k if t is not None), None)
+        check_chunk("q", q, (self.batch_size, self.config.n_head, None, self.config.head_size), like)
         self.queries[layer] = q
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def check_write(self, layer, k, v) -> None:
+        """As for every evicting cache, and the queries of the same chunk were observed."""
+        super().check_write(layer, k, v)
         q = self.queries[layer]
         if q is None or q.shape != k.shape:
             raise RuntimeError("HeavyHitterCache needs each layer's queries to score the keys: run the model "
                                "with forward_with_cache(model, idx, cache) (or generate with "
                                "decoder=cache_decoder(HeavyHitterCache, ...)), which hands them over")
-        return super().write(layer, k, v)
 
     def written(self, layer: int) -> None:
         q, self.queries[layer] = self.queries[layer], None
@@ -261,12 +297,13 @@ def forward_with_cache(model, idx: torch.Tensor, cache: EvictingCache, *, last_o
     Returns the model's ``(logits, loss)``; the cache hands the model what it needs on the way
     (H2O: the queries).
     """
-    check_model(model)
     if not isinstance(cache, EvictingCache):
         raise TypeError(f"cache must be an EvictingCache (SlidingWindowCache, SinkCache, HeavyHitterCache), "
                         f"got {type(cache).__name__}")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
-        raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {type(idx).__name__}")
+    cache.check_model(model)
+    check_id_tensor(idx, cache.config.vocab_size, batch=cache.batch_size)
+    cache.check_room(idx.shape[1])
+    check_bool("last_only", last_only)
     with cache.attached(model):
         return model(idx, cache=cache, position_ids=cache.next_positions(idx.shape[1], idx.device),
                      last_only=last_only)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import ContextLimitError, check_config, check_int
+from .checks import (ContextLimitError, _describe, check_cache_shape, check_chunk, check_config, check_dtype, check_int,
+                     check_multi_head)
 from .model import GPTConfig, check_truncate
 
 __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack", "unpack",
@@ -46,6 +47,69 @@ def check_bits(bits) -> int:
     return bits
 
 
+def _check_codes(name: str, t) -> None:
+    """uint8 codes (or packed bytes), at least one dimension."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() == 0:
+        raise TypeError(f"{name} must be a uint8 tensor with at least one dimension, got {_describe(t)}")
+
+
+def _check_groups(x, dim, group, what: str) -> tuple[int, int]:
+    """``dim`` an axis of ``x`` and ``group`` a divisor of its size; returns both (dim made non-negative)."""
+    dim = check_int("dim", dim, -x.dim(), x.dim() - 1, f"an axis of {what} in [{-x.dim()}, {x.dim() - 1}]")
+    size = x.shape[dim]
+    group = check_int("group", group, 1, allowed=f"a positive int that divides {what}'s size {size} along dim {dim}")
+    if size % group:
+        raise ValueError(f"group must divide {what}'s size {size} along dim {dim}, got {group}")
+    return dim % x.dim(), group
+
+
+def check_quantize(x, bits, dim, group) -> None:
+    """What :func:`quantize` takes: a finite floating tensor, 2, 4 or 8 bits, an axis that ``group`` divides."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
+        raise TypeError(f"x must be a floating tensor with at least one dimension, got {_describe(x)}")
+    check_bits(bits)
+    _check_groups(x, dim, group, "x")
+    if x.device.type != "meta" and not bool(torch.isfinite(x).all()):
+        raise ValueError("x holds NaN or inf; allowed are finite values (a group's range must be finite)")
+
+
+def check_dequantize(codes, scale, zero, dim, group, dtype) -> None:
+    """What :func:`dequantize` takes: codes, and a scale and zero point per group of ``group`` along ``dim``."""
+    _check_codes("codes", codes)
+    dim, group = _check_groups(codes, dim, group, "codes")
+    want = list(codes.shape)
+    want[dim] //= group
+    for name, t in (("scale", scale), ("zero", zero)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor of shape {tuple(want)}, got {_describe(t)}")
+        if list(t.shape) != want:
+            raise ValueError(f"{name} must have shape {tuple(want)} (one per group of {group} codes along dim {dim}), "
+                             f"got {tuple(t.shape)}")
+    if dtype is None or check_dtype(dtype) is None:
+        raise TypeError("dtype must be a floating torch.dtype (e.g. torch.float32), got None")
+
+
+def check_pack(codes, bits) -> None:
+    """What :func:`pack` takes: uint8 codes below ``2**bits``, the last dimension a multiple of ``8 // bits``."""
+    _check_codes("codes", codes)
+    bits = check_bits(bits)
+    if codes.shape[-1] % (8 // bits):
+        raise ValueError(f"codes' last dimension must be a multiple of {8 // bits} ({8 // bits} codes of {bits} bits "
+                         f"a byte), got {codes.shape[-1]}")
+    if codes.numel() and codes.device.type != "meta" and int(codes.max()) >= 2**bits:
+        raise ValueError(f"codes must be below 2**bits = {2**bits}, got a code of {int(codes.max())}")
+
+
+def check_group_size(config: GPTConfig, group_size) -> int:
+    """Numbers that share a scale and zero point: a divisor of the head size (values are grouped along channels)."""
+    D = config.head_size
+    group_size = check_int("group_size", group_size, 1, D, f"a divisor of the head size {D}")
+    if D % group_size:
+        raise ValueError(f"group_size must be a divisor of the head size {D} (values are grouped along "
+                         f"channels), got {group_size!r}")
+    return group_size
+
+
 # ---- pure functions: quantise, dequantise, pack, unpack -------------------------------------------
 
 def _round_to_param(x: torch.Tensor, down: bool) -> torch.Tensor:
@@ -61,6 +125,7 @@ def quantize(x: torch.Tensor, bits: int, dim: int, group: int):
     ``scale`` and ``zero`` have the shape of ``x`` with ``dim`` divided by ``group``. Dequantising
     gives ``zero + code * scale``, within ``scale / 2`` of ``x``.
     """
+    check_quantize(x, bits, dim, group)
     dim = dim % x.dim()
     levels = 2**bits - 1
     xg = x.float().unflatten(dim, (-1, group))                     # the group's members along dim + 1
@@ -75,6 +140,7 @@ def quantize(x: torch.Tensor, bits: int, dim: int, group: int):
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim: int, group: int,
                dtype=torch.float32) -> torch.Tensor:
     """``zero + code * scale`` in ``dtype``, each group of ``group`` codes along ``dim`` with its own pair."""
+    check_dequantize(codes, scale, zero, dim, group, dtype)
     dim = dim % codes.dim()
     c = codes.to(dtype).unflatten(dim, (-1, group))
     x = c * scale.to(dtype).unsqueeze(dim + 1) + zero.to(dtype).unsqueeze(dim + 1)
@@ -83,6 +149,7 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Codes below ``2**bits`` (uint8, last dim n) -> bytes (uint8, last dim n * bits / 8), first code lowest."""
+    check_pack(codes, bits)
     per = 8 // bits
     c = codes.unflatten(-1, (-1, per))                             # (..., n / per, per)
     out = c[..., 0].clone()
@@ -93,6 +160,8 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """The inverse of :func:`pack`: bytes (..., m) -> codes (..., m * 8 / bits)."""
+    _check_codes("packed", packed)
+    bits = check_bits(bits)
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     codes = (packed.unsqueeze(-1) >> shifts) & (2**bits - 1)       # (..., m, 8 / bits)
     return codes.flatten(-2)
@@ -103,6 +172,8 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def fp_bytes_per_token(config: GPTConfig, dtype=torch.float32) -> int:
     """Bytes one position takes in a full-precision cache: 2 (k, v) x layers x heads x head size x dtype."""
     check_config(config, GPTConfig)
+    if dtype is None or check_dtype(dtype) is None:
+        raise TypeError("dtype must be a floating torch.dtype (e.g. torch.float32), got None")
     return 2 * config.n_layer * config.n_embd * torch.empty(0, dtype=dtype).element_size()
 
 
@@ -115,7 +186,7 @@ def quantized_bytes_per_token(config: GPTConfig, bits: int, group_size: int) -> 
     """
     check_config(config, GPTConfig)
     bits = check_bits(bits)
-    group_size = check_int("group_size", group_size, 1)
+    group_size = check_group_size(config, group_size)
     param = 2 * torch.empty(0, dtype=PARAM_DTYPE).element_size()   # scale + zero point
     per_channel = 2 * bits / 8 + 2 * param / group_size              # keys and values
     return config.n_layer * config.n_embd * per_channel
@@ -132,6 +203,10 @@ class QuantizedStore:
     """
 
     def __init__(self, bits: int, group: int, dim: int, window: int):
+        bits = check_bits(bits)
+        dim = check_int("dim", dim, 2, 3, "2 (keys, grouped along positions) or 3 (values, along channels)")
+        group = check_int("group", group, 1)
+        window = check_int("window", window, 0)
         self.bits, self.group, self.dim, self.window = bits, group, dim, window
         self.step = group if dim == 2 else 1
         self.codes = self.scale = self.zero = self.residual = None  # made on the first append
@@ -152,8 +227,21 @@ class QuantizedStore:
         self.zero = torch.empty(shape, dtype=PARAM_DTYPE, device=x.device)
         self.residual = x[:, :, :0].clone()
 
+    def check_append(self, x, name: str = "x") -> None:
+        """``x`` (B, H, T, D) fits the store: finite floats, the shape, dtype and device of what it holds."""
+        if self.residual is not None:
+            B, H, _, D = self.residual.shape
+            check_chunk(name, x, (B, H, None, D), self.residual)
+            return
+        x = check_chunk(name, x, (None,) * 4)
+        D = x.shape[3]
+        if (D * self.bits) % 8 or (self.dim == 3 and D % self.group):
+            rule = f"a multiple of {8 // self.bits}" + (f" and of group={self.group}" if self.dim == 3 else "")
+            raise ValueError(f"{name}'s last dimension D must be {rule}, got {D}")
+
     def append(self, x: torch.Tensor) -> None:
         """Add positions (B, H, T, D) to the full-precision rest."""
+        self.check_append(x)
         if self.residual is None:
             self._start(x)
         self.residual = torch.cat([self.residual, x], dim=2)       # (B, H, R, D)
@@ -177,10 +265,13 @@ class QuantizedStore:
 
     def read(self) -> torch.Tensor:
         """Every position, (B, H, length, D): the dequantised prefix, then the full-precision rest."""
+        if self.residual is None:
+            raise RuntimeError("read: the store is empty (nothing appended yet), so it has no shape to return")
         return torch.cat([self._dequantized(0, self.quantized), self.residual], dim=2)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` positions. Positions already quantised stay as they were read."""
+        n = check_truncate(self, n)
         if self.residual is None:
             return
         q = self.quantized
@@ -209,22 +300,18 @@ class QuantizedKVCache:
     Implements :class:`kvlib.model.Cache`, so ``model(idx, cache=QuantizedKVCache(cfg, 1, bits=4))``
     runs the model on it. ``window`` recent positions stay in full precision (0: none beyond the
     unfinished key group); ``group_size`` numbers share a scale and zero point and must divide the
-    head size. ``window >= max_len`` keeps everything exact.
+    head size. ``window = max_len`` keeps everything exact.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, bits: int = 4,
                  group_size: int = 16, window: int = 0):
         check_config(config, GPTConfig)
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
-                                 config.block_size, f"an int in [1, block_size={config.block_size}]")
+        check_multi_head(config, "QuantizedKVCache")
+        self.batch_size, self.max_len = check_cache_shape(config, batch_size, max_len)
         self.bits = check_bits(bits)
-        D = config.head_size
-        self.group_size = check_int("group_size", group_size, 1, D, f"a divisor of the head size {D}")
-        if D % group_size:
-            raise ValueError(f"group_size must be a divisor of the head size {D} (values are grouped along "
-                             f"channels), got {group_size!r}")
-        self.window = check_int("window", window, 0, allowed="an int >= 0 (recent positions kept in full precision)")
+        self.group_size = check_group_size(config, group_size)
+        self.window = check_int("window", window, 0, self.max_len,
+                                f"an int in [0, max_len={self.max_len}] (recent positions kept in full precision)")
         self.config = config
         self.keys = [QuantizedStore(self.bits, group_size, 2, window) for _ in range(config.n_layer)]
         self.values = [QuantizedStore(self.bits, group_size, 3, window) for _ in range(config.n_layer)]
@@ -232,22 +319,28 @@ class QuantizedKVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Append a chunk (B, H, T, D) in full precision; return every position, (B, H, S, D), the older dequantised."""
+        self.check_write(layer, k, v)
         keys, values = self.keys[layer], self.values[layer]
         if keys.length != self.length:  # a forward pass that stopped half way wrote this layer only
             keys.truncate(self.length)
             values.truncate(self.length)
-        expected = (self.batch_size, self.config.n_head, k.shape[2], self.config.head_size)
-        if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise ValueError(f"write takes k and v of shape (B, H, T, D) = {expected}, got {tuple(k.shape)} "
-                             f"and {tuple(v.shape)}")
-        if self.length + k.shape[2] > self.max_len:
-            raise ContextLimitError.cache_full(k.shape[2], self.length, self.max_len)
         keys.append(k)
         values.append(v)
         return keys.read(), values.read()
 
+    def check_write(self, layer, k, v) -> None:
+        """``layer`` in [0, L), k and v finite (B, H, T, D) chunks that fit the cache's room."""
+        check_int("layer", layer, 0, self.config.n_layer - 1)
+        shape = (self.batch_size, self.config.n_head, None, self.config.head_size)
+        like = next((s.residual for s in self.keys if s.residual is not None), None)
+        check_chunk("k", k, shape, like)
+        check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like)
+        if self.length + k.shape[2] > self.max_len:
+            raise ContextLimitError.cache_full(k.shape[2], self.length, self.max_len)
+
     def advance(self, n: int) -> None:
         """``n`` positions were written to every layer: count them, then quantise what left the window."""
+        n = check_int("n", n, 0)
         held = {store.length for store in self.keys}
         if held != {self.length + n}:
             raise ValueError(f"advance(n) comes after writing n new positions to every layer; n = {n!r}, "

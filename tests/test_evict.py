@@ -192,14 +192,17 @@ def test_padded_prompts_and_other_caches_are_refused(tiny_gpt):
 
 
 @pytest.mark.parametrize("cls, settings, error, words", [
-    (SlidingWindowCache, dict(window=0), ValueError, "window must be a positive int"),
-    (SlidingWindowCache, dict(window=2.5), TypeError, "window must be a positive int"),
-    (SinkCache, dict(sinks=-1, window=4), ValueError, r"sinks must be an int >= 0 \(first positions kept\), got -1"),
+    (SlidingWindowCache, dict(window=0), ValueError, r"window must be an int in \[1, 16\]"),
+    (SlidingWindowCache, dict(window=2.5), TypeError, r"window must be an int in \[1, 16\]"),
+    (SlidingWindowCache, dict(window=17), ValueError, r"window must be an int in \[1, 16\]"),
+    (SinkCache, dict(sinks=-1, window=4), ValueError, r"sinks must be an int in \[0, 15\] \(first positions kept"),
+    (SinkCache, dict(sinks=4, window=13), ValueError, r"window must be an int in \[1, 12\]"),
     (SinkCache, dict(sinks=True, window=4), TypeError, "sinks"),
-    (HeavyHitterCache, dict(budget=0, recent=0), ValueError, "budget must be a positive int"),
+    (HeavyHitterCache, dict(budget=0, recent=0), ValueError, r"budget must be an int in \[1, max_len=16\]"),
+    (HeavyHitterCache, dict(budget=17, recent=0), ValueError, r"budget must be an int in \[1, max_len=16\]"),
     (HeavyHitterCache, dict(budget=4, recent=5), ValueError, r"recent must be an int in \[0, budget=4\], got 5"),
     (SlidingWindowCache, dict(window=4, max_len=17), ValueError, r"max_len must be an int in \[1, block_size=16\]"),
-    (SlidingWindowCache, dict(window=4, batch_size=0), ValueError, "batch_size must be a positive int, got 0"),
+    (SlidingWindowCache, dict(window=4, batch_size=0), ValueError, r"batch_size must be an int in \[1, \d+\]"),
 ])
 def test_bad_settings_are_refused_by_name(tiny_gpt, cls, settings, error, words):
     with pytest.raises(error, match=words):

@@ -235,10 +235,11 @@ def test_past_the_cache_is_a_context_limit(tiny_gpt):
     (dict(group_size=5), ValueError, r"group_size must be a divisor of the head size 16 \(values are grouped along channels\), got 5"),
     (dict(group_size=0), ValueError, "group_size"),
     (dict(group_size=32), ValueError, "group_size"),
-    (dict(window=-1), ValueError, "window must be an int >= 0"),
+    (dict(window=-1), ValueError, r"window must be an int in \[0, max_len=16\]"),
+    (dict(window=17), ValueError, r"window must be an int in \[0, max_len=16\]"),
     (dict(window="all"), TypeError, "window"),
     (dict(max_len=17), ValueError, r"max_len must be an int in \[1, block_size=16\], got 17"),
-    (dict(batch_size=0), ValueError, "batch_size must be a positive int, got 0"),
+    (dict(batch_size=0), ValueError, r"batch_size must be an int in \[1, \d+\] \(a cache of at most 2\*\*31 numbers\), got 0"),
 ])
 def test_bad_settings_are_refused_by_name(tiny_gpt, kwargs, error, words):
     settings = dict(batch_size=1) | kwargs

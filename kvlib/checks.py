@@ -519,3 +519,12 @@ def check_id_tensor(idx, vocab_size: int, *, batch: int | None = None, room: int
     if room is not None and idx.shape[1] > room:
         raise ContextLimitError(f"{name} has {idx.shape[1]} tokens; room is left for {room}")
     return idx
+
+
+def check_gpt(model) -> None:
+    """A kvlib GPT itself (its modules are read, not only called), with finite weights."""
+    from .model import GPT  # model.py imports this module: the import waits until the call
+
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
+    check_weights(model)

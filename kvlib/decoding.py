@@ -10,11 +10,13 @@ from typing import Callable
 
 import torch
 
-from .checks import (ContextLimitError, check_generator, check_int, check_logits, check_model, check_prompt,
+import inspect
+
+from .checks import (ContextLimitError, check_generator, check_gpt, check_int, check_logits, check_model, check_prompt,
                      check_sampling, check_token_lists, check_weights)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
-from .model import GPT
+from .model import GPT, Cache, KVCache
 from .sampling import draw
 
 # ---- input checks of this module ------------------------------------------------------------
@@ -120,6 +122,7 @@ class CacheDecoder:
     """
 
     def __init__(self, model: GPT, cache):
+        check_cache(model, cache)
         self.model, self.cache = model, cache
 
     def __call__(self, idx, key_mask=None, position_ids=None):
@@ -134,14 +137,43 @@ class CacheDecoder:
         return logits[:, -1]  # (B, V)
 
 
+def check_cache(model, cache) -> None:
+    """A kvlib GPT and a cache (see :class:`kvlib.Cache`) made for its configuration."""
+    check_gpt(model)
+    if isinstance(cache, type) or not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a kvlib cache (KVCache, QuantizedKVCache, SlidingWindowCache, ...), "
+                        f"got {cache!r:.60}")
+    cfg = model.config
+    config = getattr(cache, "config", None)
+    if config is not None:
+        made_for = config == cfg
+    else:  # a KVCache keeps (L, B, H, max_len, D) tensors, no configuration
+        shape = (*cache.k.shape[::2], cache.v.shape[-1]) if isinstance(cache, KVCache) else None  # (L, H, D, D)
+        made_for = shape is None or shape == (cfg.n_layer, *cfg.cache_shape)
+    if not made_for:
+        raise ValueError(f"cache was made for another configuration than the model's {cfg}: build it from "
+                         f"model.config (or with model.new_cache)")
+
+
+def check_cache_class(cache_class, settings: dict) -> None:
+    """A cache class whose constructor takes ``(config, batch_size, max_len, **settings)``."""
+    if not isinstance(cache_class, type) or not all(callable(getattr(cache_class, a, None))
+                                                    for a in ("write", "advance", "truncate")):
+        raise TypeError(f"cache_class must be a cache class (e.g. QuantizedKVCache), got {cache_class!r:.60}")
+    try:
+        inspect.signature(cache_class).bind(None, 1, None, **settings)
+    except TypeError as e:
+        raise TypeError(f"settings {sorted(settings)} do not fit {cache_class.__name__}(config, batch_size, "
+                        f"max_len, ...): {e}") from None
+
+
 def cache_decoder(cache_class: type, **settings):
     """A factory for ``generate(..., decoder=...)``: a :class:`CacheDecoder` over
     ``cache_class(config, batch_size, max_len, **settings)``, e.g. ``cache_decoder(QuantizedKVCache, bits=4)``."""
-    if not isinstance(cache_class, type):
-        raise TypeError(f"cache_class must be a cache class (e.g. QuantizedKVCache), got {cache_class!r:.60}")
+    check_cache_class(cache_class, settings)
 
     def make(model: GPT, batch_size: int, max_len: int) -> CacheDecoder:
-        check_model(model)
+        check_gpt(model)
         return CacheDecoder(model, cache_class(model.config, batch_size, max_len, **settings))
 
     return make

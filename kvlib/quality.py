@@ -17,8 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import check_model
-from .decoding import CacheDecoder
+from .checks import _describe, check_gpt, check_id_tensor
+from .decoding import CacheDecoder, check_cache
 from .model import GPT
 
 __all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
@@ -27,25 +27,43 @@ __all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
 @torch.inference_mode()
 def stepwise_logits(model: GPT, idx: torch.Tensor, cache) -> torch.Tensor:
     """(B, T, V): the logits after each token of ``idx`` (B, T), fed one token a step through ``cache``."""
-    check_model(model)
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[1] < 1:
-        raise ValueError(f"idx must be a (B, T) tensor of token ids with T >= 1, got {idx!r:.60}")
-    if idx.shape[1] > cache.max_len:
-        raise ValueError(f"idx has {idx.shape[1]} tokens; the cache holds {cache.max_len} positions")
+    check_cache(model, cache)
+    if cache.length or getattr(cache, "position", 0):
+        raise ValueError(f"cache must be empty (every token of idx is fed through it), got one holding "
+                         f"{cache.length} position(s): pass a new cache, or call cache.reset()")
+    check_id_tensor(idx, model.config.vocab_size, batch=cache.batch_size, room=cache.max_len)
     dec = CacheDecoder(model, cache)
     return torch.stack([dec(idx[:, t: t + 1]) for t in range(idx.shape[1])], dim=1)
 
 
 def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> dict:
     """Compare ``logits`` with the full cache's ``reference`` (both (B, T, V)) on ``targets`` (B, T)."""
-    if reference.shape != logits.shape or targets.shape != logits.shape[:2]:
-        raise ValueError(f"reference and logits must be (B, T, V) alike and targets (B, T), got "
-                         f"{tuple(reference.shape)}, {tuple(logits.shape)} and {tuple(targets.shape)}")
+    check_cost_inputs(reference, logits, targets)
     log_p, log_q = F.log_softmax(reference.double(), -1), F.log_softmax(logits.double(), -1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1)                                   # (B, T)
     nats = F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten(), reduction="mean")
     agree = (reference.argmax(-1) == logits.argmax(-1)).double().mean()
     return {"nats_per_token": float(nats), "kl": float(kl.mean()), "top1_agreement": float(agree)}
+
+
+def check_cost_inputs(reference, logits, targets) -> None:
+    """Finite floating logits (B, T, V), the same shape twice, and int64 targets (B, T) in [0, V)."""
+    for name, t in (("reference", reference), ("logits", logits)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3:
+            raise TypeError(f"{name} must be a floating tensor of shape (B, T, V), got {_describe(t)}")
+        if 0 in t.shape:
+            raise ValueError(f"{name} must have B, T and V >= 1, got shape {tuple(t.shape)}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} holds NaN or inf; allowed are finite logits")
+    if logits.shape != reference.shape:
+        raise ValueError(f"logits must have the shape of reference {tuple(reference.shape)}, got {tuple(logits.shape)}")
+    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
+        raise TypeError(f"targets must be an int64 tensor of shape (B, T), got {_describe(targets)}")
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets must have shape (B, T) = {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
+    lo, hi = (int(v) for v in targets.aminmax())
+    if lo < 0 or hi >= logits.shape[2]:
+        raise ValueError(f"targets hold ids {lo}..{hi}; allowed are ids in [0, {logits.shape[2]})")
 
 
 @torch.inference_mode()
@@ -55,9 +73,11 @@ def attention_weights(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     A forward hook keeps each layer's fused q, k, v; the weights are softmax(q k^T / sqrt(D)) under the
     causal mask, what the model's attention computes inside its fused kernel.
     """
-    check_model(model)
+    check_gpt(model)
     if not model.config.multi_head:
-        raise ValueError("attention_weights reads multi-head attention models (one key/value head per query head)")
+        raise ValueError("model must be a multi-head attention model (one key/value head per query head): "
+                         f"attention_weights reads its fused q, k, v, got {model.config}")
+    check_id_tensor(idx, model.config.vocab_size, room=model.config.block_size)
     captured = []
     hooks = [block.attn.c_attn.register_forward_hook(lambda m, i, out: captured.append(out))
              for block in model.transformer.h]

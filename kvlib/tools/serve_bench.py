@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..decoding import pad_prompts
-from ..fast import FastDecoder
+from ..fast import FastDecoder, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import (RunResult, make_trace, run_continuous, run_one_at_a_time,
@@ -108,8 +108,18 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
                 cache.truncate(s, len(p))
         return step
 
-    fns = {"single_row": fast(1), "static": fast(batch_size), "paged": paged("fast"), "paged_model": paged("model")}
+    head = step_weights(model).head                                  # (C, V)
+    rows_in = {r: torch.randn(r, cfg.n_embd, generator=gen) for r in (1, batch_size)}
+
+    def head_product(rows: int):
+        return lambda: torch.mm(rows_in[rows], head)                # (rows, V): the step's largest product
+
+    fns = {"single_row": fast(1), "static": fast(batch_size), "paged": paged("fast"), "paged_model": paged("model"),
+           "head_1": head_product(1), f"head_{batch_size}": head_product(batch_size)}
     timings = interleaved(fns, rounds, min_run_time=0.05)
+    h1, hb = timings.pop("head_1"), timings.pop(f"head_{batch_size}")
+    out_head = {"rows": batch_size, "ms_1": 1e3 * h1.median, "ms_batch": 1e3 * hb.median,
+                "ratio": hb.median / h1.median, "flops_ratio": batch_size, "share_of_batch_step": None}
     peak = peak_matmul_flops()
     out = {"batch_size": batch_size, "context": context, "rounds": rounds, "weight_bytes": weight_bytes(model),
            "peak_matmul_gflops": peak / 1e9, "steps": {}}
@@ -119,6 +129,8 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
         out["steps"][name] = {"rows": rows, "ms": 1e3 * t.median, "low_ms": 1e3 * t.low, "high_ms": 1e3 * t.high,
                               "flops": flops, "floor_ms": 1e3 * flops / peak}
     single, batch = timings["single_row"], timings["paged"]
+    out_head["share_of_batch_step"] = hb.median / batch.median
+    out["head"] = out_head
     out["batch_vs_single_row"] = batch.median / single.median
     out["paged_vs_static"] = batch.median / timings["static"].median
     out["paged_vs_paged_model"] = verdict(batch, timings["paged_model"])
@@ -304,6 +316,11 @@ def format_report(report: dict) -> str:
     lines.append(f"  per token, a batch-{d['batch_size']} paged step against one row alone: "
                  f"{d['per_token_batch_vs_single_row']}; the engine's step against GPT.forward's: "
                  f"{d['paged_vs_paged_model']}")
+    h = d["head"]
+    lines.append(f"  the head's product alone, (rows, C) @ (C, V): 1 row {h['ms_1']:.2f} ms, {h['rows']} rows "
+                 f"{h['ms_batch']:.2f} ms = {h['ratio']:.1f}x for {h['flops_ratio']}x the FLOPs and the same weights read "
+                 f"({100 * h['share_of_batch_step']:.0f}% of the batch step): what one row costs in a batch is set "
+                 f"by how this machine's matrix library handles a few rows")
     lines.append("targets (this machine's measurement):")
     for k, v in report["targets"].items():
         lines.append(f"  {k:42} {v['measured']:7.2f}  target {v['kind']} {v['target']:.2f}  "

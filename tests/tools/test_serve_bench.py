@@ -39,6 +39,7 @@ def test_the_report_has_every_figure_for_every_way(report):
 def test_the_printed_report_names_the_targets(report):
     text = format_report(report)
     assert "same tokens in every run: True" in text and "blocks of 8" in text
+    assert "the head's product alone" in text
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
 
 
@@ -51,6 +52,9 @@ def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
         assert v["flops"] == step_flops(model.config, v["rows"], 8)
     assert d["batch_vs_single_row"] == pytest.approx(d["steps"]["paged"]["ms"] / d["steps"]["single_row"]["ms"])
     assert d["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())
+    h = d["head"]  # the head's product alone, timed in the same rounds: the reason a batch costs what it does
+    assert h["rows"] == 2 and h["flops_ratio"] == 2 and h["ratio"] == pytest.approx(h["ms_batch"] / h["ms_1"])
+    assert 0 < h["share_of_batch_step"]
 
 
 def test_step_flops_count_layers_head_and_attention():

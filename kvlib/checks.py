@@ -488,6 +488,13 @@ def check_multi_head(config, what: str) -> None:
                          f"kv_latent={config.kv_latent}")
 
 
+def check_tensor(name: str, t, what: str, ok=lambda t: True) -> torch.Tensor:
+    """A tensor for which ``ok(t)`` holds; else TypeError: "``name`` must be ``what``, got <its dtype and shape>"."""
+    if not isinstance(t, torch.Tensor) or not ok(t):
+        raise TypeError(f"{name} must be {what}, got {_describe(t)}")
+    return t
+
+
 def check_chunk(name: str, t, shape: tuple, like: torch.Tensor | None = None) -> torch.Tensor:
     """A floating tensor of ``shape`` (None: any size) with finite values; ``like``: its dtype and device."""
     want = "(" + ", ".join("T" if s is None else str(s) for s in shape) + ")"

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import _describe, check_gpt, check_id_tensor
+from .checks import check_gpt, check_id_tensor, check_tensor
 from .decoding import CacheDecoder, check_cache
 from .model import GPT
 
@@ -49,16 +49,14 @@ def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Ten
 def check_cost_inputs(reference, logits, targets) -> None:
     """Finite floating logits (B, T, V), the same shape twice, and int64 targets (B, T) in [0, V)."""
     for name, t in (("reference", reference), ("logits", logits)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3:
-            raise TypeError(f"{name} must be a floating tensor of shape (B, T, V), got {_describe(t)}")
+        check_tensor(name, t, "a floating tensor of shape (B, T, V)", lambda t: t.is_floating_point() and t.dim() == 3)
         if 0 in t.shape:
             raise ValueError(f"{name} must have B, T and V >= 1, got shape {tuple(t.shape)}")
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} holds NaN or inf; allowed are finite logits")
     if logits.shape != reference.shape:
         raise ValueError(f"logits must have the shape of reference {tuple(reference.shape)}, got {tuple(logits.shape)}")
-    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
-        raise TypeError(f"targets must be an int64 tensor of shape (B, T), got {_describe(targets)}")
+    check_tensor("targets", targets, "an int64 tensor of shape (B, T)", lambda t: t.dtype == torch.long)
     if targets.shape != logits.shape[:2]:
         raise ValueError(f"targets must have shape (B, T) = {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
     lo, hi = (int(v) for v in targets.aminmax())

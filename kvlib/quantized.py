@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (ContextLimitError, _describe, check_cache_shape, check_chunk, check_config, check_dtype, check_int,
-                     check_multi_head)
+from .checks import (ContextLimitError, check_cache_shape, check_chunk, check_config, check_dtype, check_int,
+                     check_multi_head, check_tensor)
 from .model import GPTConfig, check_truncate
 
 __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack", "unpack",
@@ -49,8 +49,7 @@ def check_bits(bits) -> int:
 
 def _check_codes(name: str, t) -> None:
     """uint8 codes (or packed bytes), at least one dimension."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() == 0:
-        raise TypeError(f"{name} must be a uint8 tensor with at least one dimension, got {_describe(t)}")
+    check_tensor(name, t, "a uint8 tensor with at least one dimension", lambda t: t.dtype == torch.uint8 and t.dim())
 
 
 def _check_groups(x, dim, group, what: str) -> tuple[int, int]:
@@ -65,8 +64,7 @@ def _check_groups(x, dim, group, what: str) -> tuple[int, int]:
 
 def check_quantize(x, bits, dim, group) -> None:
     """What :func:`quantize` takes: a finite floating tensor, 2, 4 or 8 bits, an axis that ``group`` divides."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
-        raise TypeError(f"x must be a floating tensor with at least one dimension, got {_describe(x)}")
+    check_tensor("x", x, "a floating tensor with at least one dimension", lambda t: t.is_floating_point() and t.dim())
     check_bits(bits)
     _check_groups(x, dim, group, "x")
     if x.device.type != "meta" and not bool(torch.isfinite(x).all()):
@@ -80,8 +78,7 @@ def check_dequantize(codes, scale, zero, dim, group, dtype) -> None:
     want = list(codes.shape)
     want[dim] //= group
     for name, t in (("scale", scale), ("zero", zero)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor of shape {tuple(want)}, got {_describe(t)}")
+        check_tensor(name, t, f"a floating tensor of shape {tuple(want)}", torch.is_floating_point)
         if list(t.shape) != want:
             raise ValueError(f"{name} must have shape {tuple(want)} (one per group of {group} codes along dim {dim}), "
                              f"got {tuple(t.shape)}")

@@ -9,9 +9,10 @@ import html
 
 import torch
 
+from ..checks import check_gpt, check_pair
 from ..decoding import cache_decoder, generate
 from ..text import encode_prompt, no_unk
-from ..tools.shrink_bench import converted, settings
+from ..tools.shrink_bench import check_table, converted, settings
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
 
 
@@ -21,14 +22,23 @@ class ShrinkView:
     def __init__(self, model, tokenizer, table: dict, prompt: str = "春风", n_chars: int = 46, seed: int = 0):
         import ipywidgets as w
 
-        if not isinstance(table, dict) or not isinstance(table.get("rows"), list) or not table["rows"]:
-            raise TypeError("table must be what kvlib.tools.shrink_bench.shrink_table returns")
+        check_pair(model, tokenizer)
+        check_gpt(model)
+        block = model.config.block_size
+        check_table(table)
+        if table["length"] > block:
+            raise ValueError(f"table['length'] must be at most the model's block of {block}, got {table['length']}")
         self.prompt = require_str("prompt", prompt)
-        check_setting("n_chars", n_chars, 1, model.config.block_size - len(prompt) - 1, integer=True)
+        ids = encode_prompt(tokenizer, prompt)  # every character known
+        check_setting("n_chars", n_chars, 1, block - len(ids) + 1, integer=True)
         check_setting("seed", seed, 0, 2**63 - 1, integer=True)
         self.model, self.tokenizer, self.table, self.n_chars, self.seed = model, tokenizer, table, n_chars, seed
         self.rows = {r["label"]: r for r in table["rows"]}
         self.settings = {s.label: s for s in settings(table["length"])}
+        unknown = sorted(set(self.rows) - set(self.settings))
+        if unknown or len(self.rows) != len(table["rows"]):
+            raise ValueError(f"table['rows'] must hold each label of shrink_table's settings once, got "
+                             f"{unknown[:3] or 'a label twice'}")
         self.choice = w.Dropdown(options=list(self.rows), value=next(iter(self.rows)), description="cache",
                                  style=control_style(), layout=in_row(420, 280, 560))
         self.output = w.HTML(layout=w.Layout(width="100%"))

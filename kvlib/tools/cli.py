@@ -296,7 +296,7 @@ def cmd_shrink(args) -> None:
     from .shrink_bench import format_table, shrink_table
 
     model, tok = _load("tang-char")
-    table = shrink_table(model, tok)
+    table = shrink_table(model, tok, n_texts=args.texts, length=args.length)
     print(to_json(table) if args.json else format_table(table))
 
 
@@ -411,6 +411,9 @@ _rate = _bounded(float, MIN_RATE, MAX_RATE, "a number of arrivals per second")
 _top_k = _bounded(int, 0, 1_000_000, "a whole number (0: no top-k filter)")
 _spec_tokens = _bounded(int, 1, 100, "a whole number of tokens")
 _rounds = _bounded(int, 1, 20, "a whole number of rounds")
+MAX_TEXTS, SHRINK_LENGTHS = 256, (16, 128)  # shrink_bench.MAX_TEXTS; MIN_LENGTH to tang-char's block, without torch
+_texts = _bounded(int, 1, MAX_TEXTS, "a whole number of texts")
+_length = _bounded(int, *SHRINK_LENGTHS, "a whole number of tokens")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -492,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("shrink", help="notebook 9: every way of shrinking the cache, its bytes and its cost in quality")
+    p.add_argument("--texts", type=_texts, default=50, help=f"validation texts to decode, 1 to {MAX_TEXTS}")
+    p.add_argument("--length", type=_length, default=32,
+                   help=f"tokens per text, {SHRINK_LENGTHS[0]} to {SHRINK_LENGTHS[1]} (the block)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_shrink)
 

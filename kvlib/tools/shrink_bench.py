@@ -6,10 +6,13 @@ bytes are counted and the quality numbers are the same on every machine.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import check_gpt, check_int, check_pair, check_text, check_tokenizer
 from ..compress import grouped, latent
 from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from ..model import GPT, KVCache
@@ -17,7 +20,11 @@ from ..quality import cache_cost, stepwise_logits
 from ..quantized import QuantizedKVCache
 from . import corpus
 from .loading import load_pretrained
-from .training import windows
+from .training import SMALLER_CACHES, windows
+
+MAX_TEXTS = 256   # validation texts per table, at most
+MIN_LENGTH = 16   # tokens per text, at least: the 2-bit row keeps its last 16 in float32
+MAX_LENGTH = 1024  # tokens per text, at most (past every shipped block)
 
 # What the papers report, set beside our rows (their models, their tasks: the direction, not the numbers).
 PAPERS = {
@@ -48,6 +55,7 @@ class Setting:
 
 def settings(length: int) -> list[Setting]:
     """Every row of the table, for texts of ``length`` tokens (eviction keeps half of them)."""
+    check_length(length)
     half = length // 2
     return [
         Setting("full cache", "float32", KVCache),
@@ -68,18 +76,41 @@ def settings(length: int) -> list[Setting]:
     ]
 
 
+def check_length(length, block_size: int | None = None) -> int:
+    """Tokens per text: at least ``MIN_LENGTH``, at most the model's block."""
+    top = "" if block_size is None else f", {block_size}"
+    return check_int("length", length, MIN_LENGTH, block_size,
+                     f"an int in [{MIN_LENGTH}{top or ', block_size'}] (tokens per text)")
+
+
+def check_spec(spec) -> tuple[str, int | None]:
+    """``pooled:n`` or ``latent:r`` with n, r whole numbers >= 1, or the name of a shipped smaller cache."""
+    check_text(spec, "spec")
+    kind, colon, n = spec.partition(":")
+    if spec in SMALLER_CACHES:
+        return spec, None
+    if kind in ("pooled", "latent") and colon and n.isascii() and n.isdigit() and len(n) <= 6 and int(n) >= 1:
+        return kind, int(n)
+    raise ValueError(f"spec must be 'pooled:n', 'latent:r' (whole numbers >= 1) or one of {list(SMALLER_CACHES)}, "
+                     f"got {spec!r:.60}")
+
+
 def converted(base: GPT, spec: str) -> GPT:
     """The model a row decodes with: ``pooled:n``, ``latent:r`` (converted now) or a shipped name."""
-    kind, _, n = spec.partition(":")
+    check_gpt(base)
+    kind, n = check_spec(spec)
     if kind == "pooled":
-        return grouped(base, int(n))
+        return grouped(base, n)
     if kind == "latent":
-        return latent(base, int(n))
+        return latent(base, n)
     return load_pretrained(spec)[0]
 
 
 def texts(tokenizer, n_texts: int = 50, length: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """``n_texts`` windows of the validation split (inputs and next tokens, (n_texts, length) each)."""
+    check_tokenizer(tokenizer)
+    n_texts = check_int("n_texts", n_texts, 1, MAX_TEXTS)
+    length = check_length(length, MAX_LENGTH)
     _, val = corpus.split(corpus.load_poems())
     ids = torch.tensor(tokenizer.encode_corpus(val[: 8 * n_texts]), dtype=torch.long)
     x, y = windows(ids, length)
@@ -92,6 +123,9 @@ def texts(tokenizer, n_texts: int = 50, length: int = 32) -> tuple[torch.Tensor,
 def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> dict:
     """Every setting's bytes per token (measured ``nbytes`` after the texts), memory cut, nats per
     token, KL against the full cache and top-1 agreement, on the same ``n_texts`` texts."""
+    check_pair(model, tokenizer)
+    check_gpt(model)
+    check_length(length, model.config.block_size)
     x, y = texts(tokenizer, n_texts, length)
     B, T = x.shape
     reference = model(x)[0]  # one pass equals decoding through the full cache (tests/test_quality.py)
@@ -113,7 +147,34 @@ def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> 
     return {"texts": B, "length": T, "full_bytes_per_token": full_bytes, "rows": rows, "papers": PAPERS}
 
 
+ROW_NUMBERS = ("bytes_per_token", "memory_cut", "nats_per_token", "kl", "top1_agreement")
+
+
+def check_table(table) -> dict:
+    """What :func:`shrink_table` returns: texts, length, the full cache's bytes and rows of finite numbers."""
+    what = "table must be what kvlib.tools.shrink_bench.shrink_table returns"
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list) or not table["rows"]:
+        raise TypeError(f"{what} (a dict with a non-empty list of rows), got {table!r:.60}")
+    check_int("table['texts']", table.get("texts"), 1)
+    check_int("table['length']", table.get("length"), MIN_LENGTH)
+    _check_number("table['full_bytes_per_token']", table.get("full_bytes_per_token"))
+    for i, row in enumerate(table["rows"]):
+        if not isinstance(row, dict) or not isinstance(row.get("label"), str):
+            raise TypeError(f"{what}: table['rows'][{i}] must be a dict with a str label, got {row!r:.60}")
+        for key in ROW_NUMBERS:
+            _check_number(f"table['rows'][{i}][{key!r}]", row.get(key))
+    return table
+
+
+def _check_number(name: str, x) -> None:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a finite number, got {x!r:.40}")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number, got {x!r}")
+
+
 def format_table(table: dict) -> str:
+    check_table(table)
     lines = [f"{table['texts']} validation texts of {table['length']} tokens, decoded through each cache one "
              f"token at a time; the full cache holds {table['full_bytes_per_token']:,} bytes a token",
              f"{'':46} {'bytes/token':>11} {'cut':>6} {'nats/token':>10} {'KL':>8} {'top-1 same':>10}"]

@@ -15,6 +15,7 @@ Shapes: L layers, N blocks, b block size, H heads, D head size; B sequences, T n
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,7 @@ class BlockPool:
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # block id -> None, oldest first
         self.by_hash: dict[int, int] = {}                          # full-block hash -> block id
         self.evictions = 0
+        self._saved: dict[int, tuple] | None = None  # in a transaction: contents of blocks handed out again
 
     @property
     def num_free(self) -> int:
@@ -96,8 +98,15 @@ class BlockPool:
             self.evictions += 1
         else:
             raise RuntimeError("the block pool is full: free or preempt a sequence first")
+        self._save_for_rollback(bid)
         self.blocks[bid].ref_count = 1
         return bid
+
+    def _save_for_rollback(self, bid: int) -> None:
+        """Inside a transaction, keep a block's old keys and values before it is written again."""
+        if self._saved is not None and bid not in self._saved:
+            b = self.kv_block_size
+            self._saved[bid] = (self.k[:, bid * b:(bid + 1) * b].clone(), self.v[:, bid * b:(bid + 1) * b].clone())
 
     def lookup(self, h: int, token_ids) -> int | None:
         """The block holding exactly these tokens after this prefix, or None."""
@@ -179,6 +188,43 @@ class PagedKVCache:
         self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
         self.copies_on_write = 0
         self._step: PagedStep | None = None  # the lean decode step, made on first use
+
+    # -- all or nothing ---------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self):
+        """A block of calls that happens entirely or not at all: if it raises, the cache is put back.
+
+        Tables, reference counts, free lists and the prefix hashes are restored, and so are the keys
+        and values of every block handed out again inside it (a preempted sequence's, an evicted
+        prefix's), whose old contents were saved as each was allocated. Nested transactions join the
+        outer one.
+        """
+        if self.pool._saved is not None:
+            yield
+            return
+        pool = self.pool
+        tables = {sid: (t, list(t.blocks), list(t.token_ids)) for sid, t in self.tables.items()}
+        blocks = [(b.ref_count, b.hash, b.token_ids) for b in pool.blocks]
+        lists = (deque(pool.free_fresh), OrderedDict(pool.free_cached), dict(pool.by_hash))
+        counters = (pool.evictions, self.prefix_hit_tokens, self.copies_on_write)
+        pool._saved = {}
+        try:
+            yield
+        except BaseException:
+            b = self.kv_block_size
+            for bid, (k, v) in pool._saved.items():
+                pool.k[:, bid * b:(bid + 1) * b], pool.v[:, bid * b:(bid + 1) * b] = k, v
+            for block, (ref_count, h, token_ids) in zip(pool.blocks, blocks):
+                block.ref_count, block.hash, block.token_ids = ref_count, h, token_ids
+            pool.free_fresh, pool.free_cached, pool.by_hash = lists
+            pool.evictions, self.prefix_hit_tokens, self.copies_on_write = counters
+            self.tables = {}
+            for sid, (table, kept_blocks, kept_tokens) in tables.items():
+                table.blocks, table.token_ids = kept_blocks, kept_tokens
+                self.tables[sid] = table
+            raise
+        finally:
+            pool._saved = None
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def blocks_needed(self, n_tokens: int) -> int:
@@ -381,26 +427,22 @@ class PagedKVCache:
         if any(getattr(model.config, a) != getattr(cfg, a) for a in ("vocab_size", "n_layer", "n_head", "n_embd")):
             raise ValueError(f"model does not match this cache: the cache was made for {cfg}, got a model with "
                              f"{model.config}")
-        batch = self.batch(sids, new_tokens)
-        before = {sid: self.tables[sid].length for sid in batch.sids}  # reserving blocks stores no token
-        try:
-            weight = model.lm_head.weight
-            lean = (decoder == "fast" and batch.idx.shape[1] == 1 and weight.dtype == self.pool.k.dtype
-                    and weight.device == self.pool.k.device)  # else GPT.forward, which says what does not match
-            if lean:
-                if self._step is None:
-                    self._step = PagedStep()
-                logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids,
-                                    batch.write_slots, batch.read_slots, batch.key_mask)
-                batch.advance(1)
-                return logits
-            logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
-                              last_only=True)
-        except BaseException:
-            for sid, n in before.items():     # give back the blocks reserved for tokens never stored
-                if sid in self.tables and self.tables[sid].length == n:
-                    self.truncate(sid, n)
-            raise
+        with self.transaction():  # refused or interrupted: the reserved blocks and copies are undone
+            return self._forward(model, self.batch(sids, new_tokens), decoder)
+
+    def _forward(self, model: GPT, batch: "PagedBatch", decoder: str) -> torch.Tensor:
+        weight = model.lm_head.weight
+        lean = (decoder == "fast" and batch.idx.shape[1] == 1 and weight.dtype == self.pool.k.dtype
+                and weight.device == self.pool.k.device)  # else GPT.forward, which says what does not match
+        if lean:
+            if self._step is None:
+                self._step = PagedStep()
+            logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids,
+                                batch.write_slots, batch.read_slots, batch.key_mask)
+            batch.advance(1)
+            return logits
+        logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
+                          last_only=True)
         return logits[:, -1]
 
 

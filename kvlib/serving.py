@@ -309,6 +309,22 @@ class Engine:
             self._stepping.release()
 
     def _step(self) -> StepRecord:
+        """One step, all or nothing: if it raises (a refusal, an interrupt), engine and cache are as before."""
+        before = [(s, s.state, s.preemptions, len(s.output), s.first_token, s.finish)
+                  for s in (*self.waiting, *self.running)]
+        queues = (deque(self.waiting), list(self.running), len(self.finished), len(self.history), self._released)
+        try:
+            with self.cache.transaction():
+                return self._schedule_and_run()
+        except BaseException:
+            for seq, state, preemptions, n_out, first, finish in before:
+                seq.state, seq.preemptions, seq.first_token, seq.finish = state, preemptions, first, finish
+                del seq.output[n_out:]
+            self.waiting, self.running, n_finished, n_history, self._released = queues
+            del self.finished[n_finished:], self.history[n_history:]
+            raise
+
+    def _schedule_and_run(self) -> StepRecord:
         self._released = {}
         admitted = self.plan_admission()
         for _ in admitted:
@@ -320,13 +336,7 @@ class Engine:
             for seq in admitted:
                 cached = self.cache.add_sequence(seq.id, seq.tokens)
                 new.append(seq.tokens[cached:])
-            try:
-                logits = self.cache.forward(self.model, [s.id for s in admitted], new)
-            except BaseException:  # interrupted: the admitted wait again, at the head of the queue, as before
-                for seq in admitted:
-                    self.cache.free(seq.id)
-                self.waiting.extendleft(reversed(admitted))
-                raise
+            logits = self.cache.forward(self.model, [s.id for s in admitted], new)
             for seq in admitted:
                 seq.state = "running"
             self.running.extend(admitted)

@@ -5,6 +5,7 @@ import copy
 import threading
 
 import pytest
+import torch
 
 from kvlib.paged import PagedKVCache
 from kvlib.serving import Engine, Request
@@ -89,3 +90,86 @@ def test_the_paged_cache_names_an_unknown_sequence_and_a_bad_batch(tiny_gpt):
     with pytest.raises(ValueError, match="already in the cache"):
         cache.fork("a", "a")
     assert cache.pool.num_free == free and list(cache.tables) == ["a"]
+
+
+def full_state(engine):
+    """Everything a step may change: queues, each request's progress, tables, pool lists and stored keys."""
+    cache, pool = engine.cache, engine.cache.pool
+    seqs = [(s.id, s.state, s.preemptions, list(s.output), s.first_token)
+            for s in (*engine.waiting, *engine.running, *engine.finished)]
+    tables = {sid: (list(t.blocks), list(t.token_ids)) for sid, t in cache.tables.items()}
+    stored = {sid: [(pool.k[:, b * cache.kv_block_size:(b + 1) * cache.kv_block_size].clone()) for b in t.blocks]
+              for sid, t in cache.tables.items()}
+    return (seqs, [s.id for s in engine.waiting], [s.id for s in engine.running], len(engine.history), tables,
+            [(b.ref_count, b.hash) for b in pool.blocks], list(pool.free_fresh), list(pool.free_cached),
+            dict(pool.by_hash), cache.copies_on_write), stored
+
+
+def assert_same(before, after):
+    (meta_a, stored_a), (meta_b, stored_b) = before, after
+    assert meta_a == meta_b
+    assert stored_a.keys() == stored_b.keys()
+    for sid in stored_a:
+        assert all(torch.equal(x, y) for x, y in zip(stored_a[sid], stored_b[sid])), sid
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupt_next_forward(model, monkeypatch):
+    """The model's next forward pass (either path) raises, as Ctrl-C in a notebook would."""
+    import kvlib.fast
+
+    def boom(*args, **kwargs):
+        raise Interrupt
+    monkeypatch.setattr(type(model), "forward", boom)
+    monkeypatch.setattr(kvlib.fast.PagedStep, "__call__", boom)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_an_interrupted_decode_that_preempted_leaves_engine_and_cache_as_before(tiny_gpt, monkeypatch, prefix_caching):
+    # A pool so small that the next decode step must preempt the newest sequence and reuse its blocks.
+    engine = Engine(tiny_gpt, 4, kv_block_size=4, watermark=0.0, enable_prefix_caching=prefix_caching)
+    engine.add(Request(0, [1, 2, 3, 4, 5, 6, 7], 8))
+    engine.add(Request(1, [8, 9, 10, 11, 12, 13, 14], 8))
+    engine.step()                                      # both prefilled: 2 blocks each, the pool full
+    while sum(engine.cache.slots_needed(s.id, 1) for s in engine.running) <= engine.cache.pool.num_free:
+        engine.step()
+    before = full_state(engine)
+    with monkeypatch.context() as m:
+        interrupt_next_forward(tiny_gpt, m)
+        with pytest.raises(Interrupt):
+            engine.step()
+    assert_same(before, full_state(engine))
+    record = engine.step()                             # and it goes on as if nothing happened
+    assert record.preempted == [1]
+
+
+def test_an_interrupted_forward_after_copy_on_write_keeps_no_copy(tiny_gpt, monkeypatch):
+    cache = PagedKVCache(tiny_gpt.config, 8, 4)
+    cache.add_sequence("a", [1, 2, 3, 4, 5, 6])
+    cache.forward(tiny_gpt, ["a"], [[1, 2, 3, 4, 5, 6]])
+    cache.fork("a", "b")                               # "b" shares a's partly filled last block
+    engine_like = type("E", (), {"cache": cache, "waiting": [], "running": [], "finished": [], "history": []})
+    before = full_state(engine_like)
+    with monkeypatch.context() as m:
+        interrupt_next_forward(tiny_gpt, m)
+        with pytest.raises(Interrupt):
+            cache.forward(tiny_gpt, ["b"], [[7]])       # reserve copies the shared block first
+    assert_same(before, full_state(engine_like))
+    assert cache.forward(tiny_gpt, ["b"], [[7]]).shape == (1, tiny_gpt.config.vocab_size)
+    assert cache.copies_on_write == 1
+
+
+def test_a_refused_batch_evicts_no_cached_prefix(tiny_gpt):
+    cache = PagedKVCache(tiny_gpt.config, 3, 4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    cache.add_sequence("a", prompt)
+    cache.forward(tiny_gpt, ["a"], [prompt])
+    cache.free("a")                                    # two full blocks stay findable, one fresh
+    cached = dict(cache.pool.by_hash)
+    cache.add_sequence("b", [20, 21])
+    with pytest.raises(ValueError, match="token id"):
+        cache.forward(tiny_gpt, ["b"], [[20, tiny_gpt.config.vocab_size]])
+    assert cache.pool.by_hash == cached and cache.add_sequence("c", prompt) == 8

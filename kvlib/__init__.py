@@ -16,7 +16,7 @@ from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
 from .paged import BlockPool, PagedKVCache, verify_paged
 from .quantized import QuantizedKVCache
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
-from .serving import Engine, Request, make_trace
+from .serving import Engine, Request
 from .stepper import CacheStepper
 from .text import encode_prompt, next_token_probs, top_next, write
 from .tokenizer import ByteBPETokenizer, CharTokenizer, TextStream, UnknownCharacterError, stream_decode
@@ -34,6 +34,6 @@ __all__ = [
     "verify_cache", "check_batch_consistency", "CacheReport",
     "encode_prompt", "next_token_probs", "top_next", "write",
     "CacheStepper",
-    "PagedKVCache", "BlockPool", "verify_paged", "Engine", "Request", "make_trace",
+    "PagedKVCache", "BlockPool", "verify_paged", "Engine", "Request",
     "QuantizedKVCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "cache_decoder",
 ]

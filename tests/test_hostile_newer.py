@@ -9,8 +9,8 @@ where the call is a method, that the object is exactly as it was before (pool fr
 tables, engine queues, cache lengths, stepper steps, generator states).
 
 Everything runs on ``tiny_gpt`` (64 ids, a 16-token block) and ``tiny_char_tokenizer``. The last test
-prints the number of cases per module (at the time of writing: paged 308, serving 282, speculative 238,
-stepper 71, fast 49, widgets 238; 1186 in all); the two-thread tests come after the sweep.
+prints the number of cases per module (at the time of writing: paged 308, serving 195, traces 87, speculative 238,
+stepper 71, fast 49, widgets 240; 1188 in all); the two-thread tests come after the sweep.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import torch
 from kvlib.fast import FastDecoder
 from kvlib.model import GPT, GPTConfig
 from kvlib.paged import BlockPool, PagedBatch, PagedKVCache, block_hash, verify_paged
-from kvlib.serving import (Engine, Request, class_trace, make_trace, parallel_sample, run_continuous,
+from kvlib.tools.traces import class_trace, make_trace
+from kvlib.serving import (Engine, Request, parallel_sample, run_continuous,
                            run_one_at_a_time, run_static_batching)
 from kvlib.speculative import (NeuralDraft, NgramDraft, SpeculativeDecoder, accept_greedy, accept_sampled,
                                expected_tokens_per_round, speculative_generate)
@@ -307,23 +308,23 @@ trace = lambda w, **kw: make_trace(w.tok, w.poems, **{"n_requests": 3, "block_si
                                                       "prompt_chars": (4, 8), **kw})
 for name, pairs in (("n_requests", bad_ints(1, 100_000)), ("max_new_tokens", bad_ints(1)),
                     ("seed", bad_ints(0, 2**64 - 1)), ("block_size", bad_ints(2))):
-    add("serving", "make_trace", name, pairs, lambda w, o, v, n=name: trace(w, **{n: v}))
-add("serving", "make_trace", "rate", bad_reals(0.0, -1.0), lambda w, o, v: trace(w, rate=v))
-add("serving", "make_trace", "prompt_chars", [([4, 8], TypeError), ((4,), TypeError), ((4.0, 8), TypeError),
+    add("traces", "make_trace", name, pairs, lambda w, o, v, n=name: trace(w, **{n: v}))
+add("traces", "make_trace", "rate", bad_reals(0.0, -1.0), lambda w, o, v: trace(w, rate=v))
+add("traces", "make_trace", "prompt_chars", [([4, 8], TypeError), ((4,), TypeError), ((4.0, 8), TypeError),
                                               ((0, 8), ValueError), ((8, 4), ValueError), ((True, 8), TypeError),
                                               ((4, 40), ValueError)],
     lambda w, o, v: trace(w, prompt_chars=v))
-add("serving", "make_trace", "poems", [("春风", TypeError), (None, TypeError), ([], ValueError), ([1, 2], TypeError),
+add("traces", "make_trace", "poems", [("春风", TypeError), (None, TypeError), ([], ValueError), ([1, 2], TypeError),
                                        (["a\ud800b"], ValueError), (["春风"], ValueError)],
     lambda w, o, v: make_trace(w.tok, v, 2, block_size=BLOCK, max_new_tokens=4, prompt_chars=(4, 8)))
-add("serving", "make_trace", "tokenizer", [("tok", TypeError), (None, TypeError)],
+add("traces", "make_trace", "tokenizer", [("tok", TypeError), (None, TypeError)],
     lambda w, o, v: make_trace(v, w.poems, 2))
-add("serving", "class_trace", "n_requests", bad_ints(1, 100_000), lambda w, o, v: class_trace(w.tok, w.poems, "床前", v))
-add("serving", "class_trace", "answer_tokens", bad_ints(1), lambda w, o, v: class_trace(w.tok, w.poems, "床前", 2, v))
-add("serving", "class_trace", "gap", bad_reals(-1.0), lambda w, o, v: class_trace(w.tok, w.poems, "床前", 2, 3, v))
-add("serving", "class_trace", "prefix", [(5, TypeError), (None, TypeError), (["床"], TypeError)],
+add("traces", "class_trace", "n_requests", bad_ints(1, 100_000), lambda w, o, v: class_trace(w.tok, w.poems, "床前", v))
+add("traces", "class_trace", "answer_tokens", bad_ints(1), lambda w, o, v: class_trace(w.tok, w.poems, "床前", 2, v))
+add("traces", "class_trace", "gap", bad_reals(-1.0), lambda w, o, v: class_trace(w.tok, w.poems, "床前", 2, 3, v))
+add("traces", "class_trace", "prefix", [(5, TypeError), (None, TypeError), (["床"], TypeError)],
     lambda w, o, v: class_trace(w.tok, w.poems, v))
-add("serving", "class_trace", "poems", [("春风", TypeError), ([], ValueError), ([None], TypeError), (["春风"], ValueError)],
+add("traces", "class_trace", "poems", [("春风", TypeError), ([], ValueError), ([None], TypeError), (["春风"], ValueError)],
     lambda w, o, v: class_trace(w.tok, v, "床前"))
 
 engine = lambda w, **kw: Engine(w.model, **{"num_blocks": 16, "kv_block_size": 4, **kw})  # noqa: E731
@@ -809,5 +810,5 @@ def test_case_count_per_module(capsys):
         print("\nhostile cases per module: " + ", ".join(f"{m} {n}" for m, n in sorted(counts.items()))
               + f"; {len(CASES)} in all")
     assert len(CASES) >= 450
-    assert set(counts) == {"paged", "serving", "speculative", "stepper", "fast", "widgets"}
+    assert set(counts) == {"paged", "serving", "traces", "speculative", "stepper", "fast", "widgets"}
     assert min(counts.values()) >= 30

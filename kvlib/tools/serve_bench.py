@@ -20,10 +20,10 @@ from ..decoding import pad_prompts
 from ..fast import FastDecoder, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from ..serving import (RunResult, make_trace, run_continuous, run_one_at_a_time,
-                       run_static_batching)
+from ..serving import RunResult, run_continuous, run_one_at_a_time, run_static_batching
 from ..timing import Timing, interleaved, machine, percentile, threads, verdict
 from .bench import peak_matmul_flops
+from .traces import make_trace
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
 

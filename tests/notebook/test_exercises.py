@@ -399,7 +399,8 @@ def test_bytes_per_token_check_answers_back(capsys):
 def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     from kvlib.notebook.exercises import check_memory_shares, check_prefix_hits
     from kvlib.paged import PagedKVCache
-    from kvlib.serving import make_trace, run_continuous
+    from kvlib.serving import run_continuous
+    from kvlib.tools.traces import make_trace
     from kvlib.text import encode_prompt
 
     model, tok = char

@@ -70,7 +70,8 @@ def max_lines(block_size: int, chars_per_line: int) -> int:
     return block_size // (chars_per_line + 1)
 
 
-def _run(model, tokenizer, schedule, chars_per_line: int, **sampling) -> str:
+def _write_to_schedule(model, tokenizer, schedule, chars_per_line: int, **sampling) -> str:
+    """A poem that follows ``schedule`` (one mask of allowed tokens per position), decoded to text."""
     check_pair(model, tokenizer)
     lines = len(schedule) // (chars_per_line + 1)
     room = max_lines(model.config.block_size, chars_per_line)
@@ -112,7 +113,7 @@ def acrostic(model, tokenizer, heads: str, chars_per_line: int = 7, *, temperatu
              top_k: int | None = None, top_p: float | None = None, generator=None) -> str:
     """A poem whose lines start with the characters of ``heads``; the program adds ，/。."""
     schedule = acrostic_schedule(tokenizer, heads, chars_per_line)
-    return _run(model, tokenizer, schedule, chars_per_line, temperature=temperature, top_k=top_k, top_p=top_p,
+    return _write_to_schedule(model, tokenizer, schedule, chars_per_line, temperature=temperature, top_k=top_k, top_p=top_p,
                 generator=generator)
 
 
@@ -140,7 +141,7 @@ def quatrain(model, tokenizer, chars_per_line: int = 7, *, temperature: float = 
              top_k: int | None = None, top_p: float | None = None, generator=None) -> str:
     """A fixed-format quatrain: four lines of ``chars_per_line`` characters, punctuation only at line ends."""
     schedule = quatrain_schedule(tokenizer, chars_per_line)
-    return _run(model, tokenizer, schedule, chars_per_line, temperature=temperature, top_k=top_k, top_p=top_p,
+    return _write_to_schedule(model, tokenizer, schedule, chars_per_line, temperature=temperature, top_k=top_k, top_p=top_p,
                 generator=generator)
 
 

@@ -163,10 +163,10 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
     fastest at this size; a second thread waiting for a busy core slows every step), restored after.
     """
     with thread_count(threads):
-        return _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs)
+        return _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs)
 
 
-def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs) -> dict:
+def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs) -> dict:
     from tqdm.auto import tqdm
     import sys
 
@@ -180,7 +180,7 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
     total = sum(min(new_tokens, model.config.block_size - p.shape[1] + 1) for p in prompts)
     reference = [generate(model, idx, new_tokens, temperature=0.0).tokens for idx in prompts]
 
-    def plain():
+    def plain_greedy():
         for idx in prompts:
             generate(model, idx, new_tokens, temperature=0.0)
 
@@ -194,7 +194,7 @@ def _run(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_tra
     for r in range(rounds):
         for key in times:
             t0 = time.perf_counter()
-            results = plain() if key == "plain" else spec(drafts[key[0]], key[1])
+            results = plain_greedy() if key == "plain" else spec(drafts[key[0]], key[1])
             times[key].append(time.perf_counter() - t0)
             bar.update()
             if r == 0 and key != "plain":  # the counts are the same every round: take them from the first

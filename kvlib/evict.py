@@ -79,10 +79,10 @@ class EvictingCache:
         device = check_device(device)
         return torch.arange(self.position, self.position + T, device=device)[None]
 
-    def check_room(self, T: int) -> None:
-        """``T`` more positions fit: the cache numbers at most ``max_len``."""
+    def check_room(self, T: int, name: str = "T") -> None:
+        """``T`` more positions (of ``name``) fit: the cache numbers at most ``max_len``."""
         if self.position + T > self.max_len:
-            raise ContextLimitError(f"{T} new position(s) after {self.position} need {self.position + T}; "
+            raise ContextLimitError(f"{name}: {T} new position(s) after {self.position} need {self.position + T}; "
                                     f"the cache numbers at most {self.max_len}")
 
     def check_model(self, model) -> None:
@@ -126,7 +126,7 @@ class EvictingCache:
         like = next((t for t in self.k if t is not None), None)
         check_chunk("k", k, shape, like)
         check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like)
-        self.check_room(k.shape[2])
+        self.check_room(k.shape[2], "k")
 
     def written(self, layer: int) -> None:
         """Called after each write (H2O scores the keys here)."""
@@ -302,7 +302,7 @@ def forward_with_cache(model, idx: torch.Tensor, cache: EvictingCache, *, last_o
                         f"got {type(cache).__name__}")
     cache.check_model(model)
     check_id_tensor(idx, cache.config.vocab_size, batch=cache.batch_size)
-    cache.check_room(idx.shape[1])
+    cache.check_room(idx.shape[1], "idx")
     check_bool("last_only", last_only)
     with cache.attached(model):
         return model(idx, cache=cache, position_ids=cache.next_positions(idx.shape[1], idx.device),

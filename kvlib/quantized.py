@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (ContextLimitError, check_cache_shape, check_chunk, check_config, check_dtype, check_int,
+from .checks import (ContextLimitError, check_cache_shape, check_chunk, check_config, check_int,
                      check_multi_head, check_tensor)
 from .model import GPTConfig, check_truncate
 
@@ -82,8 +82,7 @@ def check_dequantize(codes, scale, zero, dim, group, dtype) -> None:
         if list(t.shape) != want:
             raise ValueError(f"{name} must have shape {tuple(want)} (one per group of {group} codes along dim {dim}), "
                              f"got {tuple(t.shape)}")
-    if dtype is None or check_dtype(dtype) is None:
-        raise TypeError("dtype must be a floating torch.dtype (e.g. torch.float32), got None")
+    check_float_dtype(dtype)
 
 
 def check_pack(codes, bits) -> None:
@@ -95,6 +94,13 @@ def check_pack(codes, bits) -> None:
                          f"a byte), got {codes.shape[-1]}")
     if codes.numel() and codes.device.type != "meta" and int(codes.max()) >= 2**bits:
         raise ValueError(f"codes must be below 2**bits = {2**bits}, got a code of {int(codes.max())}")
+
+
+def check_float_dtype(dtype) -> torch.dtype:
+    """A floating torch.dtype (None is not one)."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r:.60}")
+    return dtype
 
 
 def check_group_size(config: GPTConfig, group_size) -> int:
@@ -169,8 +175,7 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def fp_bytes_per_token(config: GPTConfig, dtype=torch.float32) -> int:
     """Bytes one position takes in a full-precision cache: 2 (k, v) x layers x heads x head size x dtype."""
     check_config(config, GPTConfig)
-    if dtype is None or check_dtype(dtype) is None:
-        raise TypeError("dtype must be a floating torch.dtype (e.g. torch.float32), got None")
+    check_float_dtype(dtype)
     return 2 * config.n_layer * config.n_embd * torch.empty(0, dtype=dtype).element_size()
 
 

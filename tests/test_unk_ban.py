@@ -73,7 +73,7 @@ def test_acrostic_and_quatrain_never_write_unk(unk_lover, tok):
     poem = constraints.acrostic(unk_lover, tok, "春月", 5, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert _no_unk(tok, poem) and constraints.is_acrostic(poem, "春月", 5)
     schedule = constraints.quatrain_schedule(tok, 5, lines=2)  # what fits the tiny model's block of 16
-    lines = constraints._run(unk_lover, tok, schedule, 5, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    lines = constraints._write_to_schedule(unk_lover, tok, schedule, 5, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert _no_unk(tok, lines) and len(lines) == 12
 
 

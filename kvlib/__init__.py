@@ -18,7 +18,7 @@ from .quantized import QuantizedKVCache
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
 from .serving import Engine, Request
 from .stepper import CacheStepper
-from .text import encode_prompt, next_token_probs, top_next, write
+from .poems import encode_prompt, next_token_probs, top_next, write
 from .tokenizer import ByteBPETokenizer, CharTokenizer, TextStream, UnknownCharacterError, stream_decode
 from .tools.loading import load_pretrained
 from .verify import CacheReport, check_batch_consistency, verify_cache

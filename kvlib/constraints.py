@@ -10,7 +10,7 @@ import torch
 
 from .checks import check_choice, check_int, check_pair, check_text, check_tokenizer
 from .decoding import generate
-from .text import no_unk
+from .poems import no_unk
 from .tokenizer import UnknownCharacterError, is_ideograph
 
 # ---- input checks of this module ------------------------------------------------------------

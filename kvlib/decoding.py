@@ -17,7 +17,7 @@ from .checks import (ContextLimitError, check_generator, check_gpt, check_int, c
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
 from .model import GPT, Cache, KVCache
-from .sampling import draw
+from .sampling import sample_next_unchecked
 
 # ---- input checks of this module ------------------------------------------------------------
 
@@ -278,7 +278,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         if temperature == 0:
             torch.argmax(logits, dim=-1, keepdim=True, out=nxt)  # greedy: nothing to draw
         else:
-            nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
+            nxt.copy_(sample_next_unchecked(logits, temperature, top_k, top_p, generator))
         emit(n, nxt, finished, eos_id, on_token)
         n += 1
         reason = stop_reason(n, max_new_tokens, budget, finished if eos_id is not None else None)
@@ -332,7 +332,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
             logits = logits_hook(n, out[:, : T + n], logits)
         check_step_logits(logits, B)  # f is any callable: its logits are checked every step
         nxt = out[:, T + n: T + n + 1]
-        nxt.copy_(draw(logits, temperature, top_k, top_p, generator))
+        nxt.copy_(sample_next_unchecked(logits, temperature, top_k, top_p, generator))
         emit(n, nxt, finished, eos_id, on_token)
         reason = stop_reason(n + 1, max_new_tokens, None, finished if eos_id is not None else None)
         if reason is not None:

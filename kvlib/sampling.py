@@ -12,7 +12,7 @@ import torch
 
 from .checks import check_generator, check_logits, check_sampling, check_temperature, check_top_k, check_top_p
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "draw"]
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "sample_next_unchecked"]
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -91,9 +91,9 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
 
 
-def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-         generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row (B, 1) from ``probabilities``, for decoding loops; greedy at temperature 0."""
+def sample_next_unchecked(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                          generator: torch.Generator | None) -> torch.Tensor:
+    """``sample_next`` for loops that checked their settings once: (B, 1) tokens; greedy at temperature 0."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
     return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)
@@ -110,4 +110,4 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """
     check_generator(generator)
     check_logits(logits)
-    return draw(logits, *check_sampling(temperature, top_k, top_p), generator)  # (B, 1)
+    return sample_next_unchecked(logits, *check_sampling(temperature, top_k, top_p), generator)  # (B, 1)

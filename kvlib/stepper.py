@@ -27,7 +27,7 @@ import torch
 from .checks import ContextLimitError, check_int, check_pair, check_sampling, check_seed, check_text, one_at_a_time
 from .model import GPT
 from .sampling import probabilities, sample_next
-from .text import encode_prompt, without_unk
+from .poems import encode_prompt, without_unk
 
 TOP = 10  # bars in the distribution panel
 _KEEP = object()  # set_sampling: "leave this setting as it is"

@@ -44,7 +44,7 @@ from kvlib.tools.corpus import load_text
 from kvlib.decoding import ContextLimitError, generate, generate_uncached, pad_prompts
 from kvlib.tools.integrity import IntegrityError
 from kvlib.model import GPT, GPTConfig, KVCache
-from kvlib.text import rank_of, top_next, write
+from kvlib.poems import rank_of, top_next, write
 from kvlib.tools.loading import load_pretrained
 from kvlib.sampling import probabilities, sample_next
 from kvlib.tokenizer import ByteBPETokenizer, CharTokenizer, UnknownCharacterError
@@ -725,7 +725,7 @@ def _memory_mod():
 
 
 def _text_mod():
-    return importlib.import_module("kvlib.text")
+    return importlib.import_module("kvlib.poems")
 
 
 def _constraints_mod():

@@ -177,7 +177,7 @@ def _gen(seed=0):
 
 
 def _library_calls():
-    from kvlib import constraints as constrain, decoding as generate, text as poems, verify
+    from kvlib import constraints as constrain, decoding as generate, poems, verify
     from kvlib.tools import bench, loading
 
     calls = {

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kvlib.paged import BlockPool, PagedKVCache, block_hash, verify_paged
-from kvlib.text import encode_prompt
+from kvlib.poems import encode_prompt
 
 
 def test_every_request_matches_the_static_cache(shipped_char):

@@ -4,7 +4,7 @@ import torch
 
 from kvlib.decoding import generate
 from kvlib.serving import Engine, Request, parallel_sample, run_continuous, run_one_at_a_time, run_static_batching
-from kvlib.text import encode_prompt
+from kvlib.poems import encode_prompt
 from kvlib.tools.traces import make_trace
 
 POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",

@@ -62,7 +62,7 @@ def test_greedy_tokens_equal_generate_on_50_prompts(target, drafts, name):
 
 
 def test_greedy_on_the_shipped_model_with_corpus_counts(shipped_char):
-    from kvlib.text import encode_prompt
+    from kvlib.poems import encode_prompt
     from kvlib.tools.corpus import load_poems, split
 
     model, tok = shipped_char

@@ -12,7 +12,7 @@ from kvlib.decoding import generate
 from kvlib import ContextLimitError
 from kvlib.sampling import probabilities, sample_next
 from kvlib.stepper import CacheStepper, token_label
-from kvlib.text import no_unk
+from kvlib.poems import no_unk
 from kvlib.tokenizer import CharTokenizer
 
 @pytest.fixture(scope="module")

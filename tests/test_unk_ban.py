@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from kvlib import constraints, text
+from kvlib import constraints, poems
 from kvlib.decoding import generate, generate_uncached
 from kvlib.speculative import NgramDraft, SpeculativeDecoder
 from kvlib.stepper import CacheStepper
@@ -39,22 +39,22 @@ def _no_unk(tok, s: str) -> bool:
 
 
 def test_the_model_really_prefers_unk_and_generate_stays_general(unk_lover, tok):
-    idx = torch.tensor([text.encode_prompt(tok, "春风")])
+    idx = torch.tensor([poems.encode_prompt(tok, "春风")])
     out = generate(unk_lover, idx, 6, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert out.new_tokens[0].tolist() == [tok.unk_id] * 6  # nothing bans it here: generate is general
     banned = generate(unk_lover, idx, 6, temperature=1.0, generator=torch.Generator().manual_seed(0),
-                      logits_hook=text.no_unk(tok))
+                      logits_hook=poems.no_unk(tok))
     assert tok.unk_id not in banned.new_tokens[0].tolist()
 
 
 def test_unk_ids_and_the_hook(tok, bpe_tokenizer):
-    assert text.unk_ids(tok) == [tok.unk_id] and text.unk_ids(bpe_tokenizer) == []
+    assert poems.unk_ids(tok) == [tok.unk_id] and poems.unk_ids(bpe_tokenizer) == []
     logits = torch.zeros(2, tok.vocab_size)
-    banned = text.without_unk(tok, logits)
+    banned = poems.without_unk(tok, logits)
     assert torch.isinf(banned[:, tok.unk_id]).all() and torch.isfinite(banned[:, :tok.unk_id]).all()
     assert torch.equal(logits, torch.zeros(2, tok.vocab_size))  # the caller's logits are left alone
     seen = []
-    hook = text.no_unk(tok, lambda step, tokens, lg: seen.append(lg) or lg)
+    hook = poems.no_unk(tok, lambda step, tokens, lg: seen.append(lg) or lg)
     hook(0, None, logits)
     assert torch.isinf(seen[0][:, tok.unk_id]).all()  # the chained hook sees the ban already applied
 
@@ -62,10 +62,10 @@ def test_unk_ids_and_the_hook(tok, bpe_tokenizer):
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (1.0, None, None), (1.5, 3, None),
                                                        (1.0, None, 0.5)])
 def test_write_never_writes_unk(unk_lover, tok, temperature, top_k, top_p):
-    poems = text.write(unk_lover, tok, ["春风", "白日"], 8, temperature=temperature, top_k=top_k, top_p=top_p,
-                       seed=3)
-    assert all(_no_unk(tok, p) for p in poems)
-    result = text.write_ids(unk_lover, tok, ["春风"], 8, temperature=temperature, seed=3)
+    written = poems.write(unk_lover, tok, ["春风", "白日"], 8, temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=3)
+    assert all(_no_unk(tok, p) for p in written)
+    result = poems.write_ids(unk_lover, tok, ["春风"], 8, temperature=temperature, seed=3)
     assert tok.unk_id not in result.new_tokens[0].tolist()
 
 
@@ -84,7 +84,7 @@ def test_the_stepper_never_draws_unk(unk_lover, tok, temperature):
     assert tok.unk_id not in chosen and _no_unk(tok, s.text())
     assert tok.UNK not in s.view().top_labels  # nor is it among the bars: it has probability 0
     ref = generate(unk_lover, torch.tensor([s.prompt_ids]), 8, temperature=temperature,
-                   generator=torch.Generator().manual_seed(1), decoder="model", logits_hook=text.no_unk(tok))
+                   generator=torch.Generator().manual_seed(1), decoder="model", logits_hook=poems.no_unk(tok))
     assert chosen == ref.new_tokens[0].tolist()  # the same tokens as generate with the ban
 
 
@@ -99,15 +99,15 @@ def test_the_explorer_never_writes_unk(unk_lover, tok):
 
 def test_speculative_decoding_with_a_ban(unk_lover, tok):
     always_unk = NgramDraft({}, {}, tok.unk_id, tok.vocab_size)  # every guess is <unk>
-    idx = torch.tensor([text.encode_prompt(tok, "春风")])
-    dec = SpeculativeDecoder(unk_lover, always_unk, idx, 8, gamma=3, banned=text.unk_ids(tok))
+    idx = torch.tensor([poems.encode_prompt(tok, "春风")])
+    dec = SpeculativeDecoder(unk_lover, always_unk, idx, 8, gamma=3, banned=poems.unk_ids(tok))
     while not dec.done:
         dec.round()
     assert tok.unk_id not in dec.tokens and all(r.drafted == [] for r in dec.rounds)  # the guesses were cut
-    want = generate(unk_lover, idx, 8, temperature=0.0, logits_hook=text.no_unk(tok))
+    want = generate(unk_lover, idx, 8, temperature=0.0, logits_hook=poems.no_unk(tok))
     assert dec.tokens == want.tokens[0].tolist()  # greedy with the ban: generate's tokens with the ban
     sampled = SpeculativeDecoder(unk_lover, always_unk, idx, 8, gamma=3, temperature=1.0,
-                                 generator=torch.Generator().manual_seed(0), banned=text.unk_ids(tok))
+                                 generator=torch.Generator().manual_seed(0), banned=poems.unk_ids(tok))
     while not sampled.done:
         sampled.round()
     assert tok.unk_id not in sampled.tokens[idx.shape[1]:]  # sampled: every <unk> guess is rejected
@@ -141,7 +141,7 @@ def test_the_cli_batch_never_prints_unk(unk_lover, tok, monkeypatch, capsys):
 
 
 def test_generate_uncached_takes_the_same_hook(unk_lover, tok):
-    idx = torch.tensor([text.encode_prompt(tok, "春")])
+    idx = torch.tensor([poems.encode_prompt(tok, "春")])
     out = generate_uncached(unk_lover, idx, 5, block_size=unk_lover.config.block_size, temperature=1.0,
-                            generator=torch.Generator().manual_seed(0), logits_hook=text.no_unk(tok))
+                            generator=torch.Generator().manual_seed(0), logits_hook=poems.no_unk(tok))
     assert tok.unk_id not in out.new_tokens[0].tolist()

@@ -18,7 +18,7 @@ import torch
 
 from ..decoding import generate
 from ..paged import ceil_div
-from ..text import encode_prompt
+from ..poems import encode_prompt
 
 DECODE_PROMPTS = ("床前看月光，", "白日依山尽，黄河入海", "春")
 
@@ -254,8 +254,8 @@ def _reading(opening: bool) -> str:
 def check_rank(fn, model, tokenizer, cases=RANK_CASES) -> bool:
     """``fn(text, char, opening) -> (rank, probability)`` of ``char`` as the next character after ``text``: rank 1
     for the most likely token, the probability a fraction in [0, 1]. ``opening=True`` puts the poem separator in
-    front of ``text``, ``False`` does not. Compared with :func:`kvlib.text.rank_of` on each case."""
-    from ..text import rank_of
+    front of ``text``, ``False`` does not. Compared with :func:`kvlib.poems.rank_of` on each case."""
+    from ..poems import rank_of
 
     passed = True
     for text, char, opening in cases:
@@ -298,7 +298,7 @@ def check_followers(fn, model, tokenizer, poems, texts=("明月", "春风", "白
     """``fn(text) -> [(char, corpus share, model probability), ...]``: the ``n`` characters that most often follow
     ``text`` in ``poems``, most frequent first; each with its share of all the occurrences of ``text`` (a fraction)
     and the probability the model gives it after reading ``text`` with nothing in front (no separator)."""
-    from ..text import count_followers, next_token_probs
+    from ..poems import count_followers, next_token_probs
 
     passed = True
     for text in texts:
@@ -365,7 +365,7 @@ def check_half_cover(fn, model=None, tokenizer=None, prompts=("白日依山尽�
              "eight tokens of 0.125": torch.full((8,), 0.125),
              "[0.01, 0.97, 0.01, 0.01]": torch.tensor([0.01, 0.97, 0.01, 0.01])}
     if model is not None:
-        from ..text import next_token_probs
+        from ..poems import next_token_probs
 
         cases |= {f"the model after 「{t}」": next_token_probs(model, tokenizer, t) for t in prompts}
     passed = True
@@ -730,7 +730,7 @@ def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明
     temperature 1 with no q (the guess is certain). It must be p(x), the target's probability of the guess x,
     within four standard errors of a share from ``draws`` draws."""
     from ..sampling import probabilities
-    from ..text import encode_prompt
+    from ..poems import encode_prompt
 
     got = _as_number(share, "the share of kept guesses")
     if got is None:

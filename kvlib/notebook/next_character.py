@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..checks import check_int, check_pair
-from ..text import top_next
+from ..poems import top_next
 from ..tokenizer import UnknownCharacterError
 from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
                    in_row, message_html, require_str, row, slider, unknown_message)

@@ -16,7 +16,7 @@ import torch
 from ..checks import check_pair
 from ..decoding import generate
 from ..sampling import probabilities
-from ..text import encode_prompt, no_unk, unk_ids
+from ..poems import encode_prompt, no_unk, unk_ids
 from ..tokenizer import UnknownCharacterError
 from . import plots
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,

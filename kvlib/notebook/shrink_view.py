@@ -11,7 +11,7 @@ import torch
 
 from ..checks import check_gpt, check_pair
 from ..decoding import cache_decoder, generate
-from ..text import encode_prompt, no_unk
+from ..poems import encode_prompt, no_unk
 from ..tools.shrink_bench import check_table, converted, settings
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
 

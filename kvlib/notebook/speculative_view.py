@@ -13,7 +13,7 @@ import torch
 
 from ..checks import check_int, check_pair
 from ..speculative import Draft, Round, SpeculativeDecoder
-from ..text import encode_prompt, unk_ids
+from ..poems import encode_prompt, unk_ids
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, error_message, frame, html_label,
                    in_row, message_html, row, slider)
 

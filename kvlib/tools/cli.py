@@ -38,7 +38,7 @@ def _load(name: str):
 
 
 def _prompt_ids(tok, text: str) -> list[int]:
-    from ..text import encode_prompt
+    from ..poems import encode_prompt
     from ..tokenizer import UnknownCharacterError
 
     try:
@@ -120,7 +120,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from ..decoding import generate, generate_uncached
-    from ..text import completion, no_unk
+    from ..poems import completion, no_unk
     from ..verify import verify_cache
 
     _check_prompt_text(args.prompt, "--prompt")
@@ -185,7 +185,7 @@ def _generate_batch(args) -> None:
     """--batch-prompts: every prompt's completion from one left-padded batch, then the consistency check."""
     import torch
 
-    from ..text import completion, write_ids
+    from ..poems import completion, write_ids
     from ..verify import check_batch_consistency, verify_cache
 
     _check_prompt_text(args.batch_prompts, "--batch-prompts")

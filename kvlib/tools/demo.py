@@ -8,7 +8,7 @@ import torch
 
 from ..constraints import acrostic
 from ..decoding import generate, generate_uncached
-from ..text import count_followers, top_next, write
+from ..poems import count_followers, top_next, write
 from ..timing import threads
 from .corpus import load_poems
 

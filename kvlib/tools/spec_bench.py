@@ -25,7 +25,7 @@ from ..fast import FastDecoder
 from ..model import GPT
 from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
                            perfect_draft_speedup, round_us, speculative_generate)
-from ..text import encode_prompt
+from ..poems import encode_prompt
 from ..timing import Timing, interleaved, machine, verdict
 from ..timing import threads as thread_count
 from .bench import to_transformers, transformers_available

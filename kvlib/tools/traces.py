@@ -10,7 +10,7 @@ from collections import Counter
 
 from ..checks import check_int, check_list, check_real, check_seed, check_text, check_tokenizer
 from ..serving import Request
-from ..text import encode_prompt
+from ..poems import encode_prompt
 from ..tokenizer import is_ideograph
 
 MAX_REQUESTS = 100_000  # a trace longer than this is a typo, not a classroom

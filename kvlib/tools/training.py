@@ -431,7 +431,7 @@ def evaluate(model: GPT, tokenizer, n_poems: int = 200, temperature: float = 0.8
     """Validation loss in nats per character (comparable across tokenizers) and the format score:
     the share of lines with 5 or 7 characters in ``n_poems`` poems sampled at ``temperature``."""
     from ..checks import check_pair
-    from ..text import format_score, write
+    from ..poems import format_score, write
 
     check_pair(model, tokenizer)
     _, val_poems = corpus.split(corpus.load_poems() if poems is None else poems)

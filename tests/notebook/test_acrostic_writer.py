@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from kvlib import constraints, text
+from kvlib import constraints, poems
 from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
 from kvlib.sampling import probabilities
 from kvlib.tokenizer import UnknownCharacterError

@@ -115,7 +115,7 @@ def test_a_new_temperature_keeps_the_steps(tiny_gpt, tok):
 def test_temperature_zero_shows_what_the_explorer_shows(char):
     """Both widgets draw the distribution with the core's ``probabilities``: one bar, 100 %, the argmax."""
     from kvlib.notebook.sampling_explorer import SliderExplorer
-    from kvlib.text import next_token_probs
+    from kvlib.poems import next_token_probs
 
     model, tok = char
     ui = StepperWidget(model, tok, "春风", temperature=0.0)

@@ -130,7 +130,7 @@ from kvlib.notebook.exercises import (check_best_gamma, check_blocks_to_free, ch
                                       check_one_token_characters, check_rank, check_right_padding,
                                       check_sequences_that_fit, check_token_forwards, check_tokens_to_match_weights)
 from kvlib.speculative import expected_tokens_per_round  # noqa: E402
-from kvlib.text import count_followers, next_token_probs, rank_of  # noqa: E402
+from kvlib.poems import count_followers, next_token_probs, rank_of  # noqa: E402
 
 
 def placeholder(*args):
@@ -401,7 +401,7 @@ def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     from kvlib.paged import PagedKVCache
     from kvlib.serving import run_continuous
     from kvlib.tools.traces import make_trace
-    from kvlib.text import encode_prompt
+    from kvlib.poems import encode_prompt
 
     model, tok = char
     poems = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。", "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"]

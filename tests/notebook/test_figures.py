@@ -18,7 +18,7 @@ import kvlib.notebook
 from kvlib import constraints, encode_prompt, pad_prompts, probabilities, top_k_filter, top_p_filter, verify_cache
 from kvlib.model import attention_mask, causal_mask
 from kvlib.notebook import plots
-from kvlib.text import top_next
+from kvlib.poems import top_next
 
 from .figure_checks import MAX_HEIGHT, figure_problems
 

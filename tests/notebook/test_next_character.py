@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from kvlib import constraints, text
+from kvlib import constraints, poems
 from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
 from kvlib.sampling import probabilities
 from kvlib.tokenizer import UnknownCharacterError
@@ -17,7 +17,7 @@ def test_next_view_matches_top_next(char):
     model, tok = char
     view = next_character.next_view(model, tok, "春风", k=8)
     assert view.ok and len(view.chars) == len(view.probs) == 8
-    expected = text.top_next(model, tok, "春风", 8)
+    expected = poems.top_next(model, tok, "春风", 8)
     assert view.chars == [c for c, _ in expected]
     assert view.probs == pytest.approx([p for _, p in expected])
     assert view.probs == sorted(view.probs, reverse=True)
@@ -61,7 +61,7 @@ def test_prompt_box_empty_prompt_is_a_poem_start(char):
     model, tok = char
     view = next_character.next_view(model, tok, "")
     assert view.ok
-    assert view.chars[0] == tok.decode([int(text.next_token_probs(model, tok, "").argmax())])
+    assert view.chars[0] == tok.decode([int(poems.next_token_probs(model, tok, "").argmax())])
 
 
 # --- notebook 2: the slider explorer ---------------------------------------------------------

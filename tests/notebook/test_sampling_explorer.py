@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from kvlib import constraints, text
+from kvlib import constraints, poems
 from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
 from kvlib.sampling import probabilities
 from kvlib.tokenizer import UnknownCharacterError
@@ -25,12 +25,12 @@ def test_explore_writes_48_characters_reproducibly(char):
 def test_explore_first_step_is_the_next_token_distribution(char):
     model, tok = char
     view = sampling_explorer.explore(model, tok, "春风", temperature=1.0, seed=0, n_bars=10)
-    probs = text.next_token_probs(model, tok, "春风").clone()
-    probs[text.unk_ids(tok)] = 0.0  # <unk> is banned before the draw: the rest share its probability
+    probs = poems.next_token_probs(model, tok, "春风").clone()
+    probs[poems.unk_ids(tok)] = 0.0  # <unk> is banned before the draw: the rest share its probability
     values, ids = (probs / probs.sum()).topk(10)
     assert view.chars == [tok.decode([i]) for i in ids.tolist()]
     assert view.probs == pytest.approx(values.tolist(), abs=1e-5)
-    writable = tok.vocab_size - len(text.unk_ids(tok))  # <unk> is never written
+    writable = tok.vocab_size - len(poems.unk_ids(tok))  # <unk> is never written
     assert view.n_kept == writable and all(view.kept) and view.kept_mass == pytest.approx(1.0, abs=1e-4)
     assert f"{writable:,} of {tok.vocab_size:,} tokens kept" in view.kept_line() and "<unk>" in view.kept_line()
 
@@ -39,8 +39,8 @@ def test_explore_first_step_is_the_next_token_distribution(char):
 def test_explore_kept_set_matches_the_sampler(char, top_k, top_p):
     model, tok = char
     view = sampling_explorer.explore(model, tok, "春风", temperature=1.2, top_k=top_k, top_p=top_p, seed=0, n_bars=12)
-    logits = text.next_token_probs(model, tok, "春风")[None].log().clone()
-    logits[:, text.unk_ids(tok)] = float("-inf")  # the explorer bans <unk> before the filters
+    logits = poems.next_token_probs(model, tok, "春风")[None].log().clone()
+    logits[:, poems.unk_ids(tok)] = float("-inf")  # the explorer bans <unk> before the filters
     kept = probabilities(logits, 1.2, top_k, top_p if top_p < 1 else None)[0] > 0
     assert view.n_kept == int(kept.sum())
     assert view.kept == [bool(kept[tok.encode(c)[0]]) for c in view.chars]
@@ -114,7 +114,7 @@ def test_the_explorer_carries_its_own_claims(char):
 def test_at_temperature_zero_one_bar_at_100_percent(char):
     model, tok = char
     ex = sampling_explorer.SliderExplorer(model, tok, prompt="春风", temperature=0.0, top_k=8, seed=0)
-    argmax = tok.decode([int(text.next_token_probs(model, tok, "春风").argmax())])
+    argmax = tok.decode([int(poems.next_token_probs(model, tok, "春风").argmax())])
     assert ex.chart.value.count("%</span>") == 1 and "100.0 %" in ex.chart.value and argmax in ex.chart.value
 
 

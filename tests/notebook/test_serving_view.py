@@ -1,7 +1,7 @@
 """Notebook 7's block-pool view: the picture follows the engine, the Step button steps it."""
 from kvlib.notebook.serving_view import STATE_COLORS, ServingView, block_states, pool_html
 from kvlib.serving import Request
-from kvlib.text import encode_prompt
+from kvlib.poems import encode_prompt
 
 
 def requests(tok):

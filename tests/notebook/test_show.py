@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from kvlib import constraints, text
+from kvlib import constraints, poems
 from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
 from kvlib.sampling import probabilities
 from kvlib.tokenizer import UnknownCharacterError
@@ -124,7 +124,7 @@ def _serving(model, tok):
     from kvlib.notebook.serving_view import ServingView
     from kvlib.serving import Request
 
-    reqs = [Request(i, text.encode_prompt(tok, p), 12, arrival=i) for i, p in enumerate(["床前明月光，", "白日依山尽，", "春风"])]
+    reqs = [Request(i, poems.encode_prompt(tok, p), 12, arrival=i) for i, p in enumerate(["床前明月光，", "白日依山尽，", "春风"])]
     view = ServingView(model, reqs, num_blocks=16, kv_block_size=8)
     yield view
     for _ in range(6):

@@ -5,7 +5,7 @@ from kvlib.decoding import generate
 from kvlib.notebook.show import LiveWidget
 from kvlib.notebook.speculative_view import SpeculativeView, round_html
 from kvlib.speculative import NeuralDraft, NgramDraft, Round
-from kvlib.text import encode_prompt
+from kvlib.poems import encode_prompt
 from kvlib.tools.spec_bench import corpus_ids
 
 

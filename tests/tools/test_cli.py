@@ -63,7 +63,7 @@ def test_batch_completions_equal_the_same_rows_written_together(capsys):
     """What --batch-prompts prints is the library's left-padded batch, seeded like the CLI."""
     import torch
 
-    from kvlib.text import completion, write_ids
+    from kvlib.poems import completion, write_ids
     from kvlib.tools.loading import load_pretrained
 
     main(["generate", "--batch-prompts", BATCH, "--json", "--max-new-tokens", "12", "--seed", "5"])

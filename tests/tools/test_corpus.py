@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from kvlib.text import count_followers
+from kvlib.poems import count_followers
 from kvlib.tools import corpus as data
 from kvlib.tools.integrity import DATA_DIR, MANIFEST_NAME, IntegrityError, record, verified_path
 

@@ -87,7 +87,7 @@ def test_the_command_prints_json(capsys, monkeypatch):
 
 def test_prefix_reports_count_what_the_cache_saves(shipped_char):
     from kvlib.serving import Request
-    from kvlib.text import encode_prompt
+    from kvlib.poems import encode_prompt
     from kvlib.tools.serve_bench import prefill_ms, prefix_cache_report
 
     model, tok = shipped_char

@@ -1,7 +1,7 @@
 """Request traces from the corpus: seeded, fitting the model's block, a class sharing one couplet."""
 import pytest
 
-from kvlib.text import encode_prompt
+from kvlib.poems import encode_prompt
 from kvlib.tools.traces import class_trace, make_trace
 
 POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",

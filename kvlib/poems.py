@@ -1,4 +1,4 @@
-"""Text in, text out: one-line operations on a model and its tokenizer, and counts in the corpus.
+"""Poems in, poems out: prompts, the next character, writing, and counting forms and followers in the corpus.
 
 Every prompt starts with the poem separator, as every poem did in training, so the model knows a
 poem begins. Generation stops at the next separator. Text written for people never holds ``<unk>``:

@@ -39,21 +39,26 @@ def stepwise_logits(model: GPT, idx: torch.Tensor, cache) -> torch.Tensor:
 def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> dict:
     """Compare ``logits`` with the full cache's ``reference`` (both (B, T, V)) on ``targets`` (B, T)."""
     check_cost_inputs(reference, logits, targets)
-    log_p, log_q = F.log_softmax(reference.double(), -1), F.log_softmax(logits.double(), -1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)                                   # (B, T)
-    nats = F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten(), reduction="mean")
+    log_p, log_q = F.log_softmax(reference.float(), -1), F.log_softmax(logits.float(), -1)  # (B, T, V)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1, dtype=torch.float64)              # (B, T)
+    if not bool(torch.isfinite(kl).all()):  # any NaN or inf logit makes its position's KL NaN or inf
+        for name, t in (("reference", reference), ("logits", logits)):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} holds NaN or inf; allowed are finite logits")
+    nats = F.nll_loss(log_q.flatten(0, 1), targets.flatten()).double()            # cross-entropy, log_q reused
     agree = (reference.argmax(-1) == logits.argmax(-1)).double().mean()
     return {"nats_per_token": float(nats), "kl": float(kl.mean()), "top1_agreement": float(agree)}
 
 
 def check_cost_inputs(reference, logits, targets) -> None:
-    """Finite floating logits (B, T, V), the same shape twice, and int64 targets (B, T) in [0, V)."""
+    """Floating logits (B, T, V), the same shape twice, and int64 targets (B, T) in [0, V).
+
+    Finiteness is checked by :func:`cache_cost` on its result (a NaN or inf logit shows in the KL), sparing
+    a pass over two large tensors."""
     for name, t in (("reference", reference), ("logits", logits)):
         check_tensor(name, t, "a floating tensor of shape (B, T, V)", lambda t: t.is_floating_point() and t.dim() == 3)
         if 0 in t.shape:
             raise ValueError(f"{name} must have B, T and V >= 1, got shape {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name} holds NaN or inf; allowed are finite logits")
     if logits.shape != reference.shape:
         raise ValueError(f"logits must have the shape of reference {tuple(reference.shape)}, got {tuple(logits.shape)}")
     check_tensor("targets", targets, "an int64 tensor of shape (B, T)", lambda t: t.dtype == torch.long)

@@ -41,6 +41,7 @@ def cache_cost(reference: torch.Tensor, logits: torch.Tensor, targets: torch.Ten
     check_cost_inputs(reference, logits, targets)
     log_p, log_q = F.log_softmax(reference.float(), -1), F.log_softmax(logits.float(), -1)  # (B, T, V)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1, dtype=torch.float64)              # (B, T)
+    kl = kl.clamp(min=0)  # KL >= 0: a negative sum is float32 rounding of two near-equal distributions
     if not bool(torch.isfinite(kl).all()):  # any NaN or inf logit makes its position's KL NaN or inf
         for name, t in (("reference", reference), ("logits", logits)):
             if not bool(torch.isfinite(t).all()):

@@ -8,6 +8,7 @@ Input checks live in :mod:`kvlib.checks`, so that what is left here is the arith
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Protocol, runtime_checkable
 from dataclasses import asdict, dataclass
 
@@ -94,9 +95,28 @@ def weights_key(module: nn.Module) -> tuple:
 
     ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_`` under
     ``no_grad``); ``id`` changes when a tensor is replaced. Anything computed from the weights (the fast
-    path's copies, the finite-weights check) is stale when this key changes.
+    path's copies, the finite-weights check) is stale when this key changes. The list of tensors is
+    kept between calls (walking the module tree costs more than a decode step's bookkeeping) and
+    walked again whenever any module anywhere gains or replaces a parameter, buffer or submodule.
     """
-    return tuple((id(t), t._version) for t in (*module.parameters(), *module.buffers()))
+    hit = _weights.get(module)
+    if hit is None or hit[0] != _registrations[0]:
+        hit = _weights[module] = (_registrations[0], (*module.parameters(), *module.buffers()))
+    return tuple((id(t), t._version) for t in hit[1])
+
+
+_weights: "weakref.WeakKeyDictionary[nn.Module, tuple[int, tuple]]" = weakref.WeakKeyDictionary()
+_registrations = [0]  # bumped by every parameter, buffer or submodule registration, in any module
+
+
+def _registered(*args) -> None:
+    _registrations[0] += 1
+
+
+for _hook in (nn.modules.module.register_module_parameter_registration_hook,
+              nn.modules.module.register_module_buffer_registration_hook,
+              nn.modules.module.register_module_module_registration_hook):
+    _hook(_registered)
 
 
 def check_truncate(cache, n) -> int:

@@ -222,3 +222,26 @@ def test_left_padded_batch_decodes_with_the_cache_like_each_row_alone(model):
     for b, row in enumerate(rows):
         alone, _ = model(torch.cat([row, nxt[b]])[None])
         torch.testing.assert_close(step[b, 0], alone[0, -1], rtol=0, atol=1e-5)
+
+
+def test_the_weights_key_changes_with_every_kind_of_weight_change(tiny_gpt):
+    import copy
+
+    from kvlib.model import weights_key
+
+    model = copy.deepcopy(tiny_gpt)
+    key = weights_key(model)
+    assert weights_key(model) == key                                # nothing changed, nothing moves
+    with torch.no_grad():
+        model.transformer.ln_f.bias.add_(0.0)                       # an in-place write bumps a version
+    assert weights_key(model) != key
+    key = weights_key(model)
+    model.load_state_dict(tiny_gpt.state_dict())                    # copies in place
+    assert weights_key(model) != key
+    key = weights_key(model)
+    model.transformer.ln_f.weight = torch.nn.Parameter(model.transformer.ln_f.weight.detach().clone())
+    assert weights_key(model) != key                                # a replaced parameter
+    key = weights_key(model)
+    model.transformer.h[0].mlp = copy.deepcopy(model.transformer.h[0].mlp)
+    assert weights_key(model) != key                                # a replaced submodule
+    assert len(weights_key(model)) == len(list(model.parameters())) + len(list(model.buffers()))

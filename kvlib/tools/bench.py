@@ -348,7 +348,7 @@ def format_report(report: dict) -> str:
     for t in report["threads"]:
         peak = report["peak_matmul_gflops"][str(t)]
         lines += ["", f"{t} thread(s); peak fp32 matmul {peak:.0f} GFLOP/s",
-                  f"  {'path':40s} {'new':>4s} {'ms':>8s} {'range':>13s} {'tok/s':>7s} {'us/tok':>7s} {'floor':>6s} "
+                  f"  {'path':40s} {'new':>4s} {'ms':>8s} {'range':>13s} {'tok/s':>7s} {'µs/tok':>7s} {'floor':>6s} "
                   f"{'x floor':>7s} {'vs recompute':>25s} {'vs transformers':>25s}"]
         for n in report["new_tokens"]:
             for r in (r for r in report["rows"] if r["threads"] == t and r["new_tokens"] == n):

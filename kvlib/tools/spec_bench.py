@@ -302,20 +302,20 @@ def format_report(report: dict) -> str:
     """The report as text tables."""
     lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
              f"medians of {report['rounds']} rounds, taking turns",
-             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} us/token "
+             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} µs/token "
              f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f})",
              ""]
     c = report["costs"]
     lo, hi = c["spread"]["step"]
-    lines.append(f"costs (medians of {c['rounds']} interleaved rounds): decode step {c['step_us']:.0f} us "
+    lines.append(f"costs (medians of {c['rounds']} interleaved rounds): decode step {c['step_us']:.0f} µs "
                  f"({lo:.0f}-{hi:.0f}); verify pass of T tokens: "
-                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " us")
+                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " µs")
     lines.append("       the head's product alone over T rows: "
-                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["head_us"].items()) + " us")
-    lines.append("       one guess: " + ", ".join(f"{n} {us:.0f} us" for n, us in c["guess_us"].items()))
+                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["head_us"].items()) + " µs")
+    lines.append("       one guess: " + ", ".join(f"{n} {us:.0f} µs" for n, us in c["guess_us"].items()))
     for name, res in report["results"].items():
         lines += ["", f"draft: {name} {report['drafts'][name]}",
-                  f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'us/tok':>7s} {'model':>7s} "
+                  f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'µs/tok':>7s} {'model':>7s} "
                   f"{'speed-up':>8s} {'verdict':>12s} same tokens"]
         for r in res["rows"]:
             lines.append(f"  {r['gamma']:2d} {r['alpha']:6.3f} {r['tokens_per_call']:8.2f} {r['formula']:8.2f} "
@@ -335,10 +335,10 @@ def format_report(report: dict) -> str:
                   f"in this run"]
     hf = report["transformers"]
     if hf.get("used"):
-        lines.append(f"transformers {hf['version']}: plain generate {hf['plain_us_per_token']:.0f} us/token")
+        lines.append(f"transformers {hf['version']}: plain generate {hf['plain_us_per_token']:.0f} µs/token")
         for name, r in hf["rows"].items():
             lines.append(f"  {name}, γ = {r['gamma']}: " + (r["error"] if "error" in r else
-                         f"{r['us_per_token']:.0f} us/token, same tokens {r['same_tokens']}"))
+                         f"{r['us_per_token']:.0f} µs/token, same tokens {r['same_tokens']}"))
     else:
         lines.append("transformers: " + ("not measured" if hf["installed"] else "not installed"))
     return "\n".join(lines)

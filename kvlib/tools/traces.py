@@ -23,7 +23,7 @@ def _check_poems(poems) -> list[str]:
     return poems
 
 
-def plain(poem: str) -> bool:
+def is_plain_verse(poem: str) -> bool:
     """Only characters and the two punctuation marks of a regular poem (no editors' brackets or notes)."""
     return all(is_ideograph(ch) or ch in "，。" for ch in poem)
 
@@ -57,13 +57,13 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
                          f"{max_new_tokens} need {prompt_chars[1] + 1 + max_new_tokens} positions; the block holds "
                          f"{block_size}")
     lo, hi = prompt_chars
-    if not any(len(p) >= lo + 4 and plain(p) and not tokenizer.unknown(p) for p in poems):
+    if not any(len(p) >= lo + 4 and is_plain_verse(p) and not tokenizer.unknown(p) for p in poems):
         raise ValueError(f"poems must hold at least one poem of {lo + 4} or more characters, only characters "
                          f"and ，。, all in the tokenizer's vocabulary; none of the {len(poems)} given does")
     rng, t, trace = random.Random(seed), 0.0, []
     while len(trace) < n_requests:
         poem = poems[rng.randrange(len(poems))]
-        if len(poem) < lo + 4 or not plain(poem) or tokenizer.unknown(poem):
+        if len(poem) < lo + 4 or not is_plain_verse(poem) or tokenizer.unknown(poem):
             continue
         k = rng.randint(lo, min(hi, len(poem) - 4))
         prompt = encode_prompt(tokenizer, poem[:k])
@@ -87,7 +87,7 @@ def class_trace(tokenizer, poems: list[str], prefix: str = "床前明月光，�
     n_requests = check_int("n_requests", n_requests, 1, MAX_REQUESTS)
     answer_tokens = check_int("answer_tokens", answer_tokens, 1)
     gap = check_real("gap", gap, 0, allowed="a finite number of seconds >= 0")
-    counts = Counter(p[12] for p in poems if len(p) >= 24 and p[5] == "，" and p[11] == "。" and plain(p[12])
+    counts = Counter(p[12] for p in poems if len(p) >= 24 and p[5] == "，" and p[11] == "。" and is_plain_verse(p[12])
                      and not tokenizer.unknown(p[12]))
     starts = [ch for ch, _ in counts.most_common(n_requests)]
     if not starts:

@@ -710,6 +710,12 @@ def world(tiny_gpt, tiny_char_tokenizer):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i:03d}-{c.id}" for i, c in enumerate(CASES)])
 def test_hostile_input_is_refused_clearly_and_changes_nothing(case, world):
+    refused_clearly(case, world)
+
+
+def refused_clearly(case: Case, world) -> None:
+    """The case's call raises its class (a ValueError may be a subclass), with a one-line message naming
+    the parameter, and leaves the object's state as it was."""
     obj = case.setup(world) if case.setup else None
     before = case.state(obj) if case.state else None
     with pytest.raises(case.exc) as info:

@@ -7,18 +7,7 @@ from kvlib.serving import Engine, Request, parallel_sample, run_continuous, run_
 from kvlib.poems import encode_prompt
 from kvlib.tools.traces import make_trace
 
-POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
-         "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
-         "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。",
-         "千山鸟飞绝，万径人踪灭。孤舟蓑笠翁，独钓寒江雪。",
-         "红豆生南国，春来发几枝。愿君多采撷，此物最相思。"]
-
-
-@pytest.fixture(scope="module")
-def trace(shipped_char):
-    _, tok = shipped_char
-    return make_trace(tok, POEMS, 8, rate=200.0, seed=3, max_new_tokens=20)
-
+from .tools.test_traces import POEMS, trace  # noqa: F401 (trace is a fixture)
 
 def alone(model, request):
     out = generate(model, torch.tensor([request.prompt]), request.max_new_tokens, temperature=0.0, decoder="model")

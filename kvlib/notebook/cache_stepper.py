@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import html
 
-from ..checks import check_int, check_pair, check_seed
+from ..checks import check_pair, check_seed
 from ..model import GPT
 from ..stepper import CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
-                   error_message, frame, html_label, in_row, message_html, row, slider, unknown_message)
+                   error_message, frame, html_label, in_row, message_html, row, slider, step_buttons, unknown_message)
 from ..tokenizer import UnknownCharacterError
 
 ROW = 20          # px per layer (cache) and per head (attention)
@@ -159,9 +159,7 @@ class StepperWidget:
                                   step=0.05, description="temperature", continuous_update=False,
                                   layout=in_row(320, 260, 420))
         self.temperature.refused = self._refused_setting
-        button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
-        self.step_button = w.Button(description="Step", button_style="primary", icon="forward", **button)
-        self.reset_button = w.Button(description="Reset", icon="refresh", **button)
+        self.step_button, self.reset_button = step_buttons()
         self.status = w.HTML(layout=w.Layout(width="100%"))
         self.picture = w.HTML(layout=w.Layout(width="100%"))
         self.step_button.on_click(lambda _: self._step())

@@ -12,7 +12,7 @@ from ..checks import check_bool, check_int, check_model
 from ..model import GPT
 from ..paged import ceil_div
 from ..serving import Engine, Request, StepRecord, check_requests
-from .show import FONT, LiveWidget, display, error_message, frame, message_html, row
+from .show import FONT, LiveWidget, display, error_message, frame, message_html, row, step_buttons
 
 STATE_COLORS = {
     "admitted": "#8fb3d9",       # prefilled in this step
@@ -130,9 +130,7 @@ class ServingView:
         self.options = dict(num_blocks=num_blocks, kv_block_size=kv_block_size, max_num_seqs=max_num_seqs,
                             enable_prefix_caching=enable_prefix_caching)
         self.start_steps = check_int("start_steps", start_steps, 0)
-        button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
-        self.step_button = w.Button(description="Step", button_style="primary", icon="forward", **button)
-        self.reset_button = w.Button(description="Reset", icon="refresh", **button)
+        self.step_button, self.reset_button = step_buttons()
         self.board = w.HTML(layout=w.Layout(width="100%"))
         self.step_button.on_click(lambda _: self.step())
         self.reset_button.on_click(lambda _: self.reset())

@@ -213,6 +213,15 @@ def slider(kind: str = "float", **kwargs):
 _SLIDERS = None
 
 
+def step_buttons(label: str = "Step"):
+    """(step, reset): the primary button that moves a widget on by one step, and the one that starts it over."""
+    import ipywidgets as w
+
+    sized = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
+    return (w.Button(description=label, button_style="primary", icon="forward", **sized),
+            w.Button(description="Reset", icon="refresh", **sized))
+
+
 STATIC_NOTE = "A static copy of the widget in its default state: run the notebook to use it live."
 
 

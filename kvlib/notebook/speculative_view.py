@@ -15,7 +15,7 @@ from ..checks import check_int, check_pair
 from ..speculative import Draft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, error_message, frame, html_label,
-                   in_row, message_html, row, slider)
+                   in_row, message_html, row, slider, step_buttons)
 
 KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
 STYLES = {"kept": f"background:#e3f2e1;color:{KEPT}", "rejected": f"color:{REJECTED};text-decoration:line-through",
@@ -82,9 +82,7 @@ class SpeculativeView:
         self.gamma = slider("int", value=gamma, min=1, max=8, description="γ", continuous_update=False,
                             layout=in_row(300, 240, 420))
         self.gamma.refused = self.fail
-        button = dict(style={"font_size": "16px"}, layout=w.Layout(width="auto", min_width="6.5em"))
-        self.step_button = w.Button(description="Round", button_style="primary", icon="forward", **button)
-        self.reset_button = w.Button(description="Reset", icon="refresh", **button)
+        self.step_button, self.reset_button = step_buttons("Round")
         self.output = w.HTML(layout=w.Layout(width="100%"))
         self.step_button.on_click(lambda _: self.step())
         self.reset_button.on_click(lambda _: self.restart())

@@ -4,12 +4,13 @@ A single measurement says little on a shared laptop: another program, a frequenc
 cache moves it. So every timing in kvlib (the benchmarks and the notebooks' timing cells) is taken
 the same way: each function gets one warm-up call, then the functions take turns, round after
 round (A B C, A B C, ...), so that a change in the machine's load hits all of them alike. Each
-round's figure is the median of a ``torch.utils.benchmark`` autorange; a :class:`Timing` keeps one
-figure per round and reports their median and their range. Two timings are compared by
+round's figure is the time per call over a block of calls lasting about ``min_run_time``; a
+:class:`Timing` keeps one figure per round and reports their median and their range. Two timings are compared by
 :func:`verdict`: "faster" or "slower" only when their ranges do not overlap, else "within noise".
 """
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -18,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch.utils import benchmark
 
 VERDICTS = ("faster", "slower", "within noise")
 
@@ -81,8 +81,11 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
                 max_seconds: float | None = None, on_round=None) -> dict[str, Timing]:
     """Time each of ``fns`` (name -> zero-argument callable) in turns, ``rounds`` times.
 
-    Every function is called once, unmeasured, before the first round. ``max_seconds`` stops early
-    (after at least three rounds) once that much time has passed; ``on_round()`` is called after each.
+    Every function is called once, timed but not kept, before the first round (the warm-up); that
+    call sizes its block: the number of calls that last about ``min_run_time``, found once (a
+    second timed call when the warm-up was too quick to judge). Each round runs every function's
+    block once and keeps its time per call. ``max_seconds`` stops early (after at least three rounds)
+    once that much time has passed; ``on_round()`` is called after each.
     """
     if not fns:
         raise ValueError("interleaved needs at least one function to time")
@@ -90,19 +93,43 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     figures: dict[str, list[float]] = {name: [] for name in fns}
     with threads(n_threads):
-        for fn in fns.values():
-            fn()
-        timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=n_threads)
-                  for name, fn in fns.items()}
+        calls = {name: _calls_per_block(fn, min_run_time) for name, fn in fns.items()}
         start = time.perf_counter()
         for r in range(rounds):
-            for name, timer in timers.items():
-                figures[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+            for name, fn in fns.items():
+                figures[name].append(_block(fn, calls[name]))
             if on_round is not None:
                 on_round()
             if max_seconds is not None and r + 1 >= 3 and time.perf_counter() - start > max_seconds:
                 break
     return {name: Timing(name, tuple(f)) for name, f in figures.items()}
+
+
+def _block(fn, n: int) -> float:
+    """Seconds per call over ``n`` calls in a row, with the garbage collector paused (as ``timeit`` does)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) / n
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _calls_per_block(fn, min_run_time: float) -> int:
+    """Calls of ``fn`` that last about ``min_run_time``: the warm-up call times it (and, when it was too
+    quick to judge, one more call does), so a slow function costs no extra call."""
+    t = time.perf_counter()
+    fn()
+    t = time.perf_counter() - t
+    if t < min_run_time:  # quick, and a first call may carry one-time costs: time a second one
+        t = time.perf_counter()
+        fn()
+        t = time.perf_counter() - t
+    return max(1, min(1_000_000, round(min_run_time / max(t, 1e-9))))
 
 
 def percentile(values, q: float) -> float:

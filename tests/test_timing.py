@@ -12,8 +12,26 @@ def test_interleaved_times_every_function_once_per_round_after_a_warm_up():
     fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     out = interleaved(fns, rounds=4, min_run_time=1e-6)
     assert set(out) == {"a", "b"} and all(len(t.rounds) == 4 for t in out.values())
-    assert calls[:2] == ["a", "b"]  # the warm-up, before any round
+    assert set(calls[:2]) == {"a"} or calls[:2] == ["a", "b"]  # a's warm-up (and sizing) before b's
     assert all(t.low <= t.median <= t.high for t in out.values())
+
+
+def test_a_block_lasts_about_min_run_time_and_a_slow_function_is_called_once_a_round():
+    import time
+
+    counts = {"quick": 0, "slow": 0}
+
+    def quick():
+        counts["quick"] += 1
+
+    def slow():
+        counts["slow"] += 1
+        time.sleep(0.02)
+
+    out = interleaved({"quick": quick, "slow": slow}, rounds=3, min_run_time=0.01)
+    assert counts["slow"] == 1 + 3                   # the warm-up sizes its block: one call a round
+    assert counts["quick"] > 100                     # many calls a block, each round
+    assert 0.015 < out["slow"].median < 0.2 and out["quick"].median < 1e-3
 
 
 def test_interleaved_restores_the_thread_count_and_refuses_nonsense():

@@ -244,9 +244,10 @@ def check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must have at least one vocabulary entry, got V = 0")
     if not logits.is_floating_point():
         raise TypeError(f"{name} must have a floating dtype, got {logits.dtype}")
-    # One boolean per row, then a single check: a -inf entry (a banned token) is fine,
-    # but NaN, +inf, or a row with nothing left to sample cannot be turned into probabilities.
-    bad_rows = logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)  # (B,)
+    # A -inf entry (a banned token) is fine, but NaN, +inf, or a row with nothing left to sample
+    # cannot be turned into probabilities. One pass finds all three: a row's maximum is NaN if
+    # the row holds a NaN, +inf if it holds +inf, and -inf if every entry is -inf.
+    bad_rows = ~torch.isfinite(logits.amax(dim=-1))                        # (B,)
     if bad_rows.any():
         row = int(bad_rows.nonzero()[0, 0])
         raise ValueError(f"{name} row {row} cannot be sampled: it contains NaN or +inf, or every "

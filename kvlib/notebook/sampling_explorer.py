@@ -68,6 +68,9 @@ class ExplorerView:
         return f"「{shown}」→ ?   first step: {kept} (orange)"
 
 
+N_CHARS = 32  # characters a change writes: a seven-character quatrain's length, quick enough for a slider
+
+
 def _filters(top_k, top_p) -> tuple[int | None, float | None]:
     """Checked settings to sampler settings: top-p 1 keeps every token, the same as no top-p."""
     top_k = None if top_k is None else int(top_k)
@@ -76,7 +79,7 @@ def _filters(top_k, top_p) -> tuple[int | None, float | None]:
 
 
 def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int | None = None,
-            top_p: float | None = 1.0, seed: int = 0, n_chars: int = 48, n_bars: int = 12) -> ExplorerView:
+            top_p: float | None = 1.0, seed: int = 0, n_chars: int = N_CHARS, n_bars: int = 12) -> ExplorerView:
     """Write ``n_chars`` new characters after ``prompt`` and describe the first step's choice.
 
     The first step's logits are captured from inside ``generate`` (through its logits hook), so
@@ -160,7 +163,7 @@ class SliderExplorer:
     """
 
     def __init__(self, model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float = 1.0, seed: int = 0, n_chars: int = 48, n_bars: int = 12):
+                 top_p: float = 1.0, seed: int = 0, n_chars: int = N_CHARS, n_bars: int = 12):
         import ipywidgets as w
 
         for name, value, low, high, integer in (("temperature", temperature, 0.0, 2.0, False),

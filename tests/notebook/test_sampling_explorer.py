@@ -6,6 +6,7 @@ import torch
 
 from kvlib import constraints, poems
 from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
+from kvlib.notebook.sampling_explorer import N_CHARS
 from kvlib.sampling import probabilities
 from kvlib.tokenizer import UnknownCharacterError
 
@@ -13,12 +14,12 @@ PNG = b"\x89PNG"
 
 
 
-def test_explore_writes_48_characters_reproducibly(char):
+def test_explore_writes_n_chars_characters_reproducibly(char):
     model, tok = char
     a = sampling_explorer.explore(model, tok, "春风", temperature=1.0, top_k=40, seed=3)
     b = sampling_explorer.explore(model, tok, "春风", temperature=1.0, top_k=40, seed=3)
     c = sampling_explorer.explore(model, tok, "春风", temperature=1.0, top_k=40, seed=4)
-    assert a.ok and len(a.poem) == 48
+    assert a.ok and len(a.poem) == N_CHARS
     assert a.poem == b.poem and a.poem != c.poem
 
 
@@ -78,19 +79,19 @@ def test_slider_explorer_updates_when_sliders_move(char):
     ex.top_p.value = 0.5
     assert ex.view.top_p == 0.5 and 1 <= ex.view.n_kept < tok.vocab_size
     ex.temperature.value = 0.0
-    assert ex.view.n_kept == 1 and len(ex.view.poem) == 48
+    assert ex.view.n_kept == 1 and len(ex.view.poem) == N_CHARS
     assert ex.chart.value.count("%</span>") == 1 and "1 token kept" in ex.chart.value  # only what is kept
 
     ex.prompt.value = "ab"
     assert not ex.view.ok and "「a」" in ex.poem.value and ex.chart.value == ""  # no stale chart
     ex.prompt.value = ""
-    assert ex.view.ok and ex.view.prompt == "" and len(ex.view.poem) == 48
+    assert ex.view.ok and ex.view.prompt == "" and len(ex.view.poem) == N_CHARS
 
 
 def test_measure_update_latency_reports_milliseconds(char):
     model, tok = char
     result = sampling_explorer.measure_update_latency(model, tok, repeats=1, prompt="春风", top_k=8)
-    assert result["new_tokens"] == 48
+    assert result["new_tokens"] == N_CHARS
     for key in ("temperature_change_poem_ms", "temperature_change_update_ms", "seed_change_update_ms",
                 "temperature_change_poem_cpu_ms", "temperature_change_update_cpu_ms"):
         assert result[key] > 0  # a timing, never compared with a target in a test

@@ -37,6 +37,8 @@ class ContextLimitError(ValueError):
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None,
               allowed: str | None = None) -> int:
     """An int (not a bool) in ``[minimum, maximum]``; ``allowed`` words the rule for the message."""
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        return value  # the common case, without building the message (hot paths check every step)
     if allowed is None:
         if minimum is not None and maximum is not None:
             allowed = f"an int in [{minimum}, {maximum}]"
@@ -134,6 +136,8 @@ def check_token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
         raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
     else:
         ids = list(ids)                                                # a tuple, range, generator, ...
+    if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and (vocab_size is None or max(ids) < vocab_size))):
+        return list(ids)  # the common case in one pass each; the loop below names the first bad entry
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"{name}[{i}] must be an int token id in [0, {vocab_size}), got {t!r}")
@@ -395,6 +399,8 @@ def check_id_list(name: str, ids, vocab_size: int | None = None, *, min_len: int
     if len(ids) < min_len or (max_len is not None and len(ids) > max_len):
         rule = f"at least {min_len}" if max_len is None else f"{min_len} to {max_len}"
         raise ValueError(f"{name} must hold {rule} token ids, got {len(ids)}")
+    if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and (vocab_size is None or max(ids) < vocab_size))):
+        return list(ids)  # the common case in one pass each; the loop below names the first bad entry
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"{name}[{i}] must be an int token id{top}, got {t!r:.40}")

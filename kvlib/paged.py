@@ -391,7 +391,7 @@ class PagedKVCache:
                                f"{self.pool.num_free} are free; free or preempt a sequence first")
         for sid, new in zip(sids, new_tokens):
             self.reserve(sid, len(new))
-        return PagedBatch(self, list(sids), new_tokens)
+        return PagedBatch._reserved(self, list(sids), new_tokens)
 
     def _blocks_to_take(self, sids, new_tokens) -> int:
         """Free blocks that ``reserve`` will take for this batch, in its order (copies on write included)."""
@@ -474,6 +474,16 @@ class PagedBatch:
             if len(table.blocks) < cache.blocks_needed(table.length + len(new)):
                 raise ValueError(f"sequence {sid!r} has no blocks reserved for its {len(new)} new tokens: make the "
                                  f"batch with PagedKVCache.batch")
+        self._build(cache, sids, [list(map(int, t)) for t in new_tokens])
+
+    @classmethod
+    def _reserved(cls, cache: PagedKVCache, sids: list, new_tokens: list[list[int]]) -> "PagedBatch":
+        """The batch ``PagedKVCache.batch`` has just checked and reserved, without checking it again."""
+        batch = cls.__new__(cls)
+        batch._build(cache, sids, new_tokens)
+        return batch
+
+    def _build(self, cache: PagedKVCache, sids: list, new_tokens: list[list[int]]) -> None:
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
         self._advanced = False
         b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from kvlib.tools import cli
 from kvlib.tools.serve_bench import TARGETS, decode_steps, format_report, run_serve_bench, step_flops
@@ -39,7 +40,7 @@ def test_the_report_has_every_figure_for_every_way(report):
 def test_the_printed_report_names_the_targets(report):
     text = format_report(report)
     assert "same tokens in every run: True" in text and "blocks of 8" in text
-    assert "the head's product alone" in text
+    assert "weight products alone" in text and "matrix library" in text
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
 
 
@@ -52,9 +53,30 @@ def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
         assert v["flops"] == step_flops(model.config, v["rows"], 8)
     assert d["batch_vs_single_row"] == pytest.approx(d["steps"]["paged"]["ms"] / d["steps"]["single_row"]["ms"])
     assert d["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())
-    h = d["head"]  # the head's product alone, timed in the same rounds: the reason a batch costs what it does
-    assert h["rows"] == 2 and h["flops_ratio"] == 2 and h["ratio"] == pytest.approx(h["ms_batch"] / h["ms_1"])
-    assert 0 < h["share_of_batch_step"]
+    p = d["products"]  # the step's weight products alone, in the same rounds: what a batch's rows cost here
+    assert p["rows"] == 2 and p["calls"] == 4 * model.config.n_layer + 1
+    assert p["ratio"] == pytest.approx(p["ms_batch"] / p["ms_1"])
+    single = d["steps"]["single_row"]["ms"]
+    assert 0 < p["share_of_single_step"] and 0 < p["share_of_batch_step"]
+    assert p["lowest_batch_vs_single_row"] == pytest.approx((single - p["ms_1"] + p["ms_batch"]) / single)
+
+
+def test_step_products_are_the_steps_products(shipped_char):
+    """The products timed alone are every weight product of the lean step, with its shapes."""
+    import kvlib.tools.serve_bench as sb
+
+    model, calls = shipped_char[0], []
+    run = sb.step_products(model, 3, torch.Generator().manual_seed(0))
+    real_mm, real_addmm = torch.mm, torch.addmm
+    try:
+        torch.mm = lambda x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_mm(x, m, out=out)
+        torch.addmm = lambda b, x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_addmm(b, x, m, out=out)
+        run()
+    finally:
+        torch.mm, torch.addmm = real_mm, real_addmm
+    C, V = model.config.n_embd, model.config.vocab_size
+    layer = [((3, C), (C, 3 * C)), ((3, C + 1), (C + 1, C)), ((3, C), (C, 4 * C)), ((3, 4 * C + 1), (4 * C + 1, C))]
+    assert calls == layer * model.config.n_layer + [((3, C), (C, V))]
 
 
 def test_step_flops_count_layers_head_and_attention():

@@ -91,12 +91,11 @@ def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
 # ---- costs of the pieces --------------------------------------------------------------------------
 
 @torch.inference_mode()
-def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds: int = 5,
-                min_run_time: float = 0.02) -> dict:
-    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, the head's matrix product
-    alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
-    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``."""
-    context = min(context, model.config.block_size - 9)  # room for the longest verify pass
+def decode_step(model: GPT, context: int = 40):
+    """(decoder, step): a fast-path decoder holding ``context`` tokens (fewer if the block leaves no room
+    for a verify pass of 9 after them), and one decode step after them (the cache cut back first, so
+    every call does the same work)."""
+    context = min(context, model.config.block_size - 9)
     dec = FastDecoder(model, 1)
     dec(torch.zeros(1, context, dtype=torch.long))
     one = torch.zeros(1, 1, dtype=torch.long)
@@ -104,6 +103,16 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     def step():
         dec.cache.truncate(context)
         dec(one)
+    return dec, step
+
+
+def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds: int = 5,
+                min_run_time: float = 0.02) -> dict:
+    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, the head's matrix product
+    alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
+    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``."""
+    dec, step = decode_step(model, context)
+    context = dec.cache.length
 
     def verify(T):
         chunk = torch.zeros(1, T, dtype=torch.long)
@@ -189,26 +198,30 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
 
     keys = [(name, g) for name in drafts for g in gammas]
     stats, same = {}, {}
-    times: dict = {key: [] for key in ["plain"] + keys}
-    bar = tqdm(total=rounds * len(times), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
-    for r in range(rounds):
-        for key in times:
-            t0 = time.perf_counter()
-            results = plain_greedy() if key == "plain" else spec(drafts[key[0]], key[1])
-            times[key].append(time.perf_counter() - t0)
-            bar.update()
-            if r == 0 and key != "plain":  # the counts are the same every round: take them from the first
+
+    def spec_timed(key):
+        def run():
+            results = spec(drafts[key[0]], key[1])
+            if key not in stats:  # the counts are the same every call: take them from the first (the warm-up)
                 judged = sum(res.judged for res in results)
                 alpha = sum(res.accepted for res in results) / max(1, judged)
                 calls = sum(len(res.rounds) for res in results)
                 stats[key] = {"alpha": alpha, "tokens_per_call": total / calls,
                               "formula": expected_tokens_per_round(alpha, key[1])}
                 same[key] = all(torch.equal(res.tokens, ref) for res, ref in zip(results, reference))
+        return run
+
+    # One decode step takes its turn in the same rounds: plain greedy's time per token is a step plus the
+    # loop around it, and the cost model below is scaled to this run's step.
+    fns = {"plain": plain_greedy, "step": decode_step(model)[1], **{key: spec_timed(key) for key in keys}}
+    bar = tqdm(total=rounds * len(fns), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
+    t = interleaved(fns, rounds, min_run_time=0.05, on_round=lambda: bar.update(len(fns)))
     bar.close()
-    per_token = {key: Timing(str(key), tuple(x / total for x in v)) for key, v in times.items()}
-    plain_us = 1e6 * per_token["plain"].median
+    per_token = {key: Timing(str(key), tuple(x / total for x in t[key].rounds)) for key in ["plain"] + keys}
+    plain_us, step = 1e6 * per_token["plain"].median, t["step"]
     if costs is None:
         costs = piece_costs(model, drafts)
+    scale = 1e6 * step.median / costs["step_us"]  # the pieces' costs, in this run's decode steps
 
     report_drafts = {}
     for name in drafts:
@@ -218,7 +231,7 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
             us = 1e6 * t.median
             s = stats[name, g]
             # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
-            model_us = round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
+            model_us = scale * round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
             per_gamma.append({"gamma": g, **s, "us_per_token": us, "low_us": 1e6 * t.low, "high_us": 1e6 * t.high,
                               "speedup": plain_us / us, "verdict": verdict(t, per_token["plain"]),
                               "modelled_us_per_token": model_us, "same_tokens": same[name, g]})
@@ -243,6 +256,8 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
         "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas),
         "plain_us_per_token": plain_us,
         "plain_spread_us": (1e6 * per_token["plain"].low, 1e6 * per_token["plain"].high),
+        "step_us": 1e6 * step.median, "step_spread_us": (1e6 * step.low, 1e6 * step.high),
+        "plain_vs_step": verdict(per_token["plain"], step),
         "costs": costs,
         "results": report_drafts,
         "better_draft": better,
@@ -303,11 +318,15 @@ def format_report(report: dict) -> str:
     lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
              f"medians of {report['rounds']} rounds, taking turns",
              f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} µs/token "
-             f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f})",
+             f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f}); one decode step in the same "
+             f"rounds: {report['step_us']:.0f} µs ({report['step_spread_us'][0]:.0f}-{report['step_spread_us'][1]:.0f}), "
+             f"so plain greedy costs {report['plain_us_per_token'] / report['step_us']:.2f} steps a token (the step, "
+             f"the loop around it, the prompt's prefill shared out; against the step: {report['plain_vs_step']})",
              ""]
     c = report["costs"]
     lo, hi = c["spread"]["step"]
-    lines.append(f"costs (medians of {c['rounds']} interleaved rounds): decode step {c['step_us']:.0f} µs "
+    lines.append(f"costs (medians of {c['rounds']} interleaved rounds of their own; the model column scales them to "
+                 f"this run's step): decode step {c['step_us']:.0f} µs "
                  f"({lo:.0f}-{hi:.0f}); verify pass of T tokens: "
                  + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " µs")
     lines.append("       the head's product alone over T rows: "

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kvlib.model import GPT, GPTConfig
-from kvlib.speculative import NeuralDraft, NgramDraft
+from kvlib.speculative import NeuralDraft, NgramDraft, round_us
+from kvlib.timing import VERDICTS
 from kvlib.tools import spec_bench
 from kvlib.verify import chi_square_homogeneity, total_variation
 from kvlib.tools.cli import build_parser
@@ -62,6 +63,13 @@ def test_given_costs_are_used_not_measured_again(monkeypatch):
     report = spec_bench.run_spec_bench(target, Tok(), drafts, [torch.tensor([[0, 5]])], gammas=(1,), new_tokens=4,
                                        rounds=1, with_transformers=False, progress=False, costs=costs)
     assert report["costs"] is costs
+    # The pieces are scaled to the decode step timed in the run's own rounds, beside plain greedy.
+    row, scale = report["results"]["n-gram"]["rows"][0], report["step_us"] / costs["step_us"]
+    assert row["modelled_us_per_token"] == pytest.approx(
+        scale * round_us(costs, costs["guess_us"]["n-gram"], 1) / row["tokens_per_call"])
+    lo, hi = report["step_spread_us"]
+    assert lo <= report["step_us"] <= hi and report["plain_vs_step"] in VERDICTS
+    assert "one decode step in the same rounds" in spec_bench.format_report(report)
 
 
 def test_statistics():

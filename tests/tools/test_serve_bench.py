@@ -33,6 +33,8 @@ def test_the_report_has_every_figure_for_every_way(report):
     assert set(bound) == {16, 8} and 0 < bound[16] < bound[8] <= 1  # smaller blocks leave less empty
     assert set(report["targets"]) == set(TARGETS)
     assert set(report["verdicts"].values()) <= {"faster", "slower", "within noise"}
+    assert set(report["ttft_verdicts"]) == set(report["verdicts"])  # time to first token, each run's mean compared
+    assert set(report["ttft_verdicts"].values()) <= {"faster", "slower", "within noise"}
     assert all(set(t) == {"target", "kind", "measured", "met"} for t in report["targets"].values())
     json.dumps(report)  # JSON-able
 

@@ -1,7 +1,7 @@
 """Prose that cannot drift from its numbers: a sentence that depends on the run is checked where it is shown.
 
 A notebook's markdown says only what holds on every machine; a claim about *this* run ("流 is outside
-the top 8", "two threads do not help here") is restated in the code cell that shows the evidence::
+the top 8", "the cache changes no token") is restated in the code cell that shows the evidence::
 
     claim(rank > 8, "流 is not among the model's top 8", f"rank {rank}")
 
@@ -12,6 +12,10 @@ What only this machine decides (which loop was faster, whether two threads helpe
 :func:`measured` prints what this run saw, either way, and never stops the notebook::
 
     measured(with_cache < without, "the prefill behind a cached prefix was faster", f"{with_cache:.1f} ms")
+
+Seeded samples are the same on every run of one machine, but not promised across machines: PyTorch
+may draw another stream of random numbers on another processor family. What a few seeded draws show
+is reported by :func:`seen`, either way, like a measurement.
 """
 from __future__ import annotations
 
@@ -47,4 +51,16 @@ def measured(holds, text: str, evidence: str = "", *, within_noise: bool = False
         said = f"measured here, within noise this time: {text}"
     else:
         said = f"measured here: {text}" if bool(holds) else f"measured here, not so this time: {text}"
+    print(said + (f"  ({evidence})" if evidence else ""))
+
+
+def seen(holds, text: str, evidence: str = "") -> None:
+    """Print what this run's seeded draws showed: ``text`` if ``holds``, else that they did not, this time.
+
+    For a statement about a handful of samples, which another machine's random stream may change;
+    it never stops the notebook.
+    """
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"text must be the sentence being reported, got {text!r}")
+    said = f"seen in this run: {text}" if bool(holds) else f"not so in this run: {text}"
     print(said + (f"  ({evidence})" if evidence else ""))

@@ -30,3 +30,15 @@ def test_a_measurement_is_reported_either_way_and_never_raises(capsys):
         "measured here, not so this time: two threads were faster  (2.4 ms against 1.9 ms)"]
     with pytest.raises(TypeError, match="sentence"):
         measured(True, "")
+
+
+def test_what_seeded_draws_showed_is_reported_either_way(capsys):
+    from kvlib.notebook.claims import seen
+
+    seen(True, "the poems begin alike", "中新岳 and 中新岳")
+    seen(False, "the poems begin alike", "中新岳 and 万万春")
+    assert capsys.readouterr().out.splitlines() == [
+        "seen in this run: the poems begin alike  (中新岳 and 中新岳)",
+        "not so in this run: the poems begin alike  (中新岳 and 万万春)"]
+    with pytest.raises(TypeError, match="sentence"):
+        seen(True, "")

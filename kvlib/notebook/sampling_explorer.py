@@ -249,7 +249,8 @@ class SliderExplorer:
 
 
 def measure_update_latency(model=None, tokenizer=None, repeats: int = 7, **settings) -> dict[str, float]:
-    """Median milliseconds of one slider change in a ``SliderExplorer``, measured in this process.
+    """Median milliseconds of one slider change in a ``SliderExplorer``, measured in this process
+    (the new poem after a temperature change also with its lowest and highest).
 
     Two kinds of change: a new temperature (a new poem and redrawn bars) and a new seed (a new
     poem; the bars stay). ``poem_ms`` is the time until the new poem is on screen; ``cpu_ms`` figures
@@ -273,6 +274,8 @@ def measure_update_latency(model=None, tokenizer=None, repeats: int = 7, **setti
     return {
         "new_tokens": explorer.n_chars,
         "temperature_change_poem_ms": statistics.median(t["poem_ms"] for t in temps),
+        "temperature_change_poem_low_ms": min(t["poem_ms"] for t in temps),
+        "temperature_change_poem_high_ms": max(t["poem_ms"] for t in temps),
         "temperature_change_update_ms": statistics.median(t["update_ms"] for t in temps),
         "seed_change_update_ms": statistics.median(t["update_ms"] for t in seeds),
         "temperature_change_poem_cpu_ms": statistics.median(t["poem_cpu_ms"] for t in temps),

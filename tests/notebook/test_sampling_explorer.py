@@ -95,6 +95,8 @@ def test_measure_update_latency_reports_milliseconds(char):
     for key in ("temperature_change_poem_ms", "temperature_change_update_ms", "seed_change_update_ms",
                 "temperature_change_poem_cpu_ms", "temperature_change_update_cpu_ms"):
         assert result[key] > 0  # a timing, never compared with a target in a test
+    low, high = result["temperature_change_poem_low_ms"], result["temperature_change_poem_high_ms"]
+    assert 0 < low <= result["temperature_change_poem_ms"] <= high
 
 
 # --- notebook 3: acrostics ----------------------------------------------------------------------

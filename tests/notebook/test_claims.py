@@ -20,25 +20,24 @@ def test_a_claim_needs_its_sentence():
         claim(True, "")
 
 
-def test_a_measurement_is_reported_either_way_and_never_raises(capsys):
+@pytest.mark.parametrize("name, yes, no", [("measured", "measured here: ", "measured here, not so this time: "),
+                                           ("seen", "seen in this run: ", "not so in this run: ")])
+def test_a_run_dependent_line_is_reported_either_way_and_never_raises(capsys, name, yes, no):
+    """measured() for timings, seen() for a few seeded draws: both print what this run showed."""
+    import kvlib.notebook.claims as claims
+
+    report = getattr(claims, name)
+    report(True, "two threads were faster", "1.2 ms against 1.9 ms")
+    report(False, "two threads were faster", "2.4 ms against 1.9 ms")
+    assert capsys.readouterr().out.splitlines() == [yes + "two threads were faster  (1.2 ms against 1.9 ms)",
+                                                    no + "two threads were faster  (2.4 ms against 1.9 ms)"]
+    with pytest.raises(TypeError, match="sentence"):
+        report(True, "")
+
+
+def test_a_measurement_within_noise_says_so_instead_of_either_answer(capsys):
     from kvlib.notebook.claims import measured
 
-    measured(True, "two threads were faster", "1.2 ms against 1.9 ms")
-    measured(False, "two threads were faster", "2.4 ms against 1.9 ms")
-    assert capsys.readouterr().out.splitlines() == [
-        "measured here: two threads were faster  (1.2 ms against 1.9 ms)",
-        "measured here, not so this time: two threads were faster  (2.4 ms against 1.9 ms)"]
-    with pytest.raises(TypeError, match="sentence"):
-        measured(True, "")
-
-
-def test_what_seeded_draws_showed_is_reported_either_way(capsys):
-    from kvlib.notebook.claims import seen
-
-    seen(True, "the poems begin alike", "中新岳 and 中新岳")
-    seen(False, "the poems begin alike", "中新岳 and 万万春")
-    assert capsys.readouterr().out.splitlines() == [
-        "seen in this run: the poems begin alike  (中新岳 and 中新岳)",
-        "not so in this run: the poems begin alike  (中新岳 and 万万春)"]
-    with pytest.raises(TypeError, match="sentence"):
-        seen(True, "")
+    measured(True, "two threads were faster", "1.2-1.9 ms against 1.5-2.0 ms", within_noise=True)
+    assert capsys.readouterr().out == ("measured here, within noise this time: two threads were faster  "
+                                       "(1.2-1.9 ms against 1.5-2.0 ms)\n")

@@ -215,10 +215,10 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
     # loop around it, and the cost model below is scaled to this run's step.
     fns = {"plain": plain_greedy, "step": decode_step(model)[1], **{key: spec_timed(key) for key in keys}}
     bar = tqdm(total=rounds * len(fns), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
-    t = interleaved(fns, rounds, min_run_time=0.05, on_round=lambda: bar.update(len(fns)))
+    timed = interleaved(fns, rounds, min_run_time=0.05, on_round=lambda: bar.update(len(fns)))
     bar.close()
-    per_token = {key: Timing(str(key), tuple(x / total for x in t[key].rounds)) for key in ["plain"] + keys}
-    plain_us, step = 1e6 * per_token["plain"].median, t["step"]
+    per_token = {key: Timing(str(key), tuple(x / total for x in timed[key].rounds)) for key in ["plain"] + keys}
+    plain_us, step = 1e6 * per_token["plain"].median, timed["step"]
     if costs is None:
         costs = piece_costs(model, drafts)
     scale = 1e6 * step.median / costs["step_us"]  # the pieces' costs, in this run's decode steps

@@ -7,6 +7,8 @@ round (A B C, A B C, ...), so that a change in the machine's load hits all of th
 round's figure is the time per call over a block of calls lasting about ``min_run_time``; a
 :class:`Timing` keeps one figure per round and reports their median and their range. Two timings are compared by
 :func:`verdict`: "faster" or "slower" only when their ranges do not overlap, else "within noise".
+A call that needs fresh state every time (a prefill into an empty cache) is passed as :class:`Prepared`:
+the state is built before each call, untimed.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -49,6 +52,14 @@ class Timing:
                 f"over {len(self.rounds)} rounds)")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A call to time that needs fresh state each time: ``prepare()``, not timed, returns the zero-argument
+    call that is timed (e.g. a prefill into a cache that ``prepare`` has just made)."""
+
+    prepare: Callable[[], Callable[[], object]]
+
+
 def verdict(a: Timing, b: Timing) -> str:
     """"faster" if every round of ``a`` beat every round of ``b``, "slower" if the reverse, else "within noise"."""
     if a.high < b.low:
@@ -79,7 +90,7 @@ def threads(n: int):
 
 def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time: float = 0.05,
                 max_seconds: float | None = None, on_round=None) -> dict[str, Timing]:
-    """Time each of ``fns`` (name -> zero-argument callable) in turns, ``rounds`` times.
+    """Time each of ``fns`` (name -> zero-argument callable, or :class:`Prepared`) in turns, ``rounds`` times.
 
     Every function is called once, timed but not kept, before the first round (the warm-up); that
     call sizes its block: the number of calls that last about ``min_run_time``, found once (a
@@ -89,6 +100,9 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
     """
     if not fns:
         raise ValueError("interleaved needs at least one function to time")
+    for name, fn in fns.items():
+        if not (callable(fn) or isinstance(fn, Prepared)):
+            raise TypeError(f"fns[{name!r}] must be a zero-argument callable or a Prepared, got {type(fn).__name__}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     figures: dict[str, list[float]] = {name: [] for name in fns}
@@ -106,10 +120,20 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
 
 
 def _block(fn, n: int) -> float:
-    """Seconds per call over ``n`` calls in a row, with the garbage collector paused (as ``timeit`` does)."""
+    """Seconds per call over ``n`` calls in a row, with the garbage collector paused (as ``timeit`` does).
+
+    A :class:`Prepared` call is prepared before each call and only the call is timed."""
     collecting = gc.isenabled()
     gc.disable()
     try:
+        if isinstance(fn, Prepared):
+            spent = 0.0
+            for _ in range(n):
+                call = fn.prepare()
+                t = time.perf_counter()
+                call()
+                spent += time.perf_counter() - t
+            return spent / n
         t = time.perf_counter()
         for _ in range(n):
             fn()
@@ -122,13 +146,9 @@ def _block(fn, n: int) -> float:
 def _calls_per_block(fn, min_run_time: float) -> int:
     """Calls of ``fn`` that last about ``min_run_time``: the warm-up call times it (and, when it was too
     quick to judge, one more call does), so a slow function costs no extra call."""
-    t = time.perf_counter()
-    fn()
-    t = time.perf_counter() - t
+    t = _block(fn, 1)
     if t < min_run_time:  # quick, and a first call may carry one-time costs: time a second one
-        t = time.perf_counter()
-        fn()
-        t = time.perf_counter() - t
+        t = _block(fn, 1)
     return max(1, min(1_000_000, round(min_run_time / max(t, 1e-9))))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib.timing import Timing, compare, interleaved, machine, percentile, threads, verdict
+from kvlib.timing import Prepared, Timing, compare, interleaved, machine, percentile, threads, verdict
 
 
 def test_interleaved_times_every_function_once_per_round_after_a_warm_up():
@@ -34,6 +34,22 @@ def test_a_block_lasts_about_min_run_time_and_a_slow_function_is_called_once_a_r
     assert 0.015 < out["slow"].median < 0.2 and out["quick"].median < 1e-3
 
 
+def test_a_prepared_call_gets_fresh_state_each_time_and_only_the_call_is_timed():
+    import time
+
+    made, used = [], []
+
+    def prepare():
+        time.sleep(0.01)          # slow to prepare: must not count
+        state = [len(made)]
+        made.append(state)
+        return lambda: used.append(state)
+
+    out = interleaved({"fresh": Prepared(prepare)}, rounds=3, min_run_time=1e-6)
+    assert len(made) == len(used) >= 1 + 3 and all(a is b for a, b in zip(made, used))  # one state per call
+    assert out["fresh"].high < 0.005
+
+
 def test_interleaved_restores_the_thread_count_and_refuses_nonsense():
     before = torch.get_num_threads()
     interleaved({"x": lambda: None}, rounds=1, n_threads=2, min_run_time=1e-6)
@@ -42,6 +58,8 @@ def test_interleaved_restores_the_thread_count_and_refuses_nonsense():
         interleaved({"x": lambda: None}, rounds=0)
     with pytest.raises(ValueError, match="at least one"):
         interleaved({})
+    with pytest.raises(TypeError, match=r"fns\['x'\] must be a zero-argument callable or a Prepared, got int"):
+        interleaved({"x": 3})
     with pytest.raises(ValueError, match="threads"):
         with threads(0):
             pass

@@ -12,7 +12,6 @@ timings move from run to run.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
@@ -21,7 +20,7 @@ from ..fast import FastDecoder, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import RunResult, run_continuous, run_one_at_a_time, run_static_batching
-from ..timing import Timing, interleaved, machine, percentile, threads, verdict
+from ..timing import Prepared, Timing, interleaved, machine, percentile, threads, verdict
 from .bench import peak_matmul_flops
 from .traces import make_trace
 
@@ -263,37 +262,39 @@ def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_B
 
 @torch.inference_mode()
 def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats: int = 5) -> dict:
-    """One batched prefill of requests that share a prefix, without and with prefix caching, taking turns
-    ``repeats`` times: medians, spreads and the verdict of :func:`kvlib.timing.verdict`.
+    """One batched prefill of requests that share a prefix, without and with prefix caching, in
+    ``repeats`` interleaved rounds (:func:`kvlib.timing.interleaved`): medians, spreads and the verdict.
 
-    The first request (``shared + suffixes[0]``) is prefilled alone and fills the pool; the others
-    (``shared + suffix`` each) are then prefilled together, in one forward, and timed: every prompt
-    token without prefix caching, only what follows each one's cached full blocks with it.
+    The first request (``shared + suffixes[0]``) is prefilled alone and fills the pool, untimed; the
+    others (``shared + suffix`` each) are then prefilled together, in one forward, and timed: every
+    prompt token without prefix caching, only what follows each one's cached full blocks with it.
     """
     prompts = [shared + s for s in suffixes]
     first, rest = prompts[0], prompts[1:]
     if not rest:
         raise ValueError("suffixes must hold at least two suffixes: one request fills the cache, the others hit it")
     blocks = sum(ceil_div(len(p), KV_BLOCK_SIZE) for p in prompts)
-    times, computed = {False: [], True: []}, {}
     sids = list(range(1, len(prompts)))
-    for _ in range(repeats):
-        for use in (False, True):
+    computed = {}
+
+    def prefill(use: bool) -> Prepared:
+        def prepare():
             cache = PagedKVCache(model.config, blocks, enable_prefix_caching=use)
             cache.add_sequence(0, first)
             cache.forward(model, [0], [first])
             cached = [cache.add_sequence(i, p) for i, p in zip(sids, rest)]
             new = [p[c:] for p, c in zip(rest, cached)]
             computed[use] = sum(len(t) for t in new)
-            t = time.perf_counter()
-            cache.forward(model, sids, new)
-            times[use].append(time.perf_counter() - t)
-    t = {use: Timing("with prefix caching" if use else "without", tuple(v)) for use, v in times.items()}
+            return lambda: cache.forward(model, sids, new)
+        return Prepared(prepare)
+
+    timed = interleaved({"without": prefill(False), "with prefix caching": prefill(True)}, repeats, min_run_time=0.02)
+    off, on = timed["without"], timed["with prefix caching"]
     return {"requests_timed": len(rest), "shared_tokens": len(shared), "prompt_tokens": sum(len(p) for p in rest),
             "computed_without": computed[False], "computed_with": computed[True],
-            "ms_without": 1e3 * t[False].median, "ms_with": 1e3 * t[True].median,
-            "spread_ms_without": (1e3 * t[False].low, 1e3 * t[False].high),
-            "spread_ms_with": (1e3 * t[True].low, 1e3 * t[True].high), "verdict": verdict(t[True], t[False])}
+            "ms_without": 1e3 * off.median, "ms_with": 1e3 * on.median,
+            "spread_ms_without": (1e3 * off.low, 1e3 * off.high),
+            "spread_ms_with": (1e3 * on.low, 1e3 * on.high), "verdict": verdict(on, off)}
 
 
 STEP_NAMES = {"single_row": "one row, fast step", "static": "static batch, fast step",

@@ -15,7 +15,6 @@ It also builds the corpus n-gram draft. (The statistics of notebook 8's sampling
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import torch
@@ -246,7 +245,8 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
     hf_info = {"installed": transformers_available(), "used": False}
     if with_transformers and hf_info["installed"]:
         with torch.random.fork_rng(devices=[]):  # building GPT2LMHeadModel draws initial weights: keep the global RNG
-            hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total))
+            hf_info.update(_transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total,
+                                              rounds))
 
     return {
         "machine": machine(),
@@ -278,39 +278,45 @@ def _describe(d: Draft) -> dict:
     return {"kind": type(d).__name__}
 
 
-def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total) -> dict:
-    """transformers' assisted generation with the neural draft, and its prompt lookup, at each best γ."""
+def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, reference, total, rounds) -> dict:
+    """transformers' plain generate, its assisted generation with the neural draft and its prompt lookup
+    (each at our best γ), timed in interleaved rounds of their own: medians per token with their spread.
+
+    The first call of each case (the warm-up) checks its tokens; a case that raises (an API change in
+    transformers) is reported with its error, not timed.
+    """
     hf = to_transformers(model)
-    rows = {}
-    plain_hf = []
-    for idx in prompts:
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        plain_hf.append(time.perf_counter() - t0)
-    cases = []
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    cases = {"plain generate": (None, None)}
     if "neural" in drafts:
-        cases.append(("assisted (neural draft)", to_transformers(drafts["neural"].model),
-                      report_drafts["neural"]["best_gamma"]))
+        cases["assisted (neural draft)"] = (to_transformers(drafts["neural"].model), report_drafts["neural"]["best_gamma"])
     if "n-gram + lookup" in drafts:
-        cases.append(("prompt lookup", None, report_drafts["n-gram + lookup"]["best_gamma"]))
-    for name, hf_draft, g in cases:
-        try:
-            secs, equal = [], True
-            for idx, ref in zip(prompts, reference):
-                _hf_assisted(hf, hf_draft, idx, new_tokens, g)  # warm-up
-                t0 = time.perf_counter()
-                out = _hf_assisted(hf, hf_draft, idx, new_tokens, g)
-                secs.append(time.perf_counter() - t0)
-                equal &= bool(torch.equal(out[:, : ref.shape[1]], ref))
-            rows[name] = {"gamma": g, "us_per_token": sum(secs) / total * 1e6, "same_tokens": equal}
-        except Exception as e:  # an API change in transformers: reported, not fatal
-            rows[name] = {"gamma": g, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+        cases["prompt lookup"] = (None, report_drafts["n-gram + lookup"]["best_gamma"])
+    rows = {name: {"gamma": g} for name, (_, g) in cases.items()}
+
+    def timed(name):
+        hf_draft, g = cases[name]
+
+        @torch.inference_mode()
+        def run():
+            if "error" in rows[name]:
+                return
+            try:
+                outs = [hf.generate(idx, attention_mask=torch.ones_like(idx), **kwargs) if g is None
+                        else _hf_assisted(hf, hf_draft, idx, new_tokens, g) for idx in prompts]
+            except Exception as e:  # an API change in transformers: reported, not fatal
+                rows[name]["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                return
+            rows[name].setdefault("same_tokens", all(torch.equal(o[:, : ref.shape[1]], ref)
+                                                     for o, ref in zip(outs, reference)))
+        return run
+
+    for name, t in interleaved({name: timed(name) for name in cases}, rounds, min_run_time=0.0).items():
+        if "error" not in rows[name]:
+            rows[name].update(us_per_token=1e6 * t.median / total, spread_us=(1e6 * t.low / total, 1e6 * t.high / total))
     import transformers
 
-    return {"used": True, "version": transformers.__version__,
-            "plain_us_per_token": sum(plain_hf) / total * 1e6, "rows": rows}
+    return {"used": True, "version": transformers.__version__, "rows": rows}
 
 
 def format_report(report: dict) -> str:
@@ -354,10 +360,12 @@ def format_report(report: dict) -> str:
                   f"in this run"]
     hf = report["transformers"]
     if hf.get("used"):
-        lines.append(f"transformers {hf['version']}: plain generate {hf['plain_us_per_token']:.0f} µs/token")
+        lines.append(f"transformers {hf['version']}, the same weights, in interleaved rounds of their own:")
         for name, r in hf["rows"].items():
-            lines.append(f"  {name}, γ = {r['gamma']}: " + (r["error"] if "error" in r else
-                         f"{r['us_per_token']:.0f} µs/token, same tokens {r['same_tokens']}"))
+            at = "" if r["gamma"] is None else f", γ = {r['gamma']}"
+            lines.append(f"  {name}{at}: " + (r["error"] if "error" in r else
+                         f"{r['us_per_token']:.0f} µs/token ({r['spread_us'][0]:.0f}-{r['spread_us'][1]:.0f}), "
+                         f"same tokens {r['same_tokens']}"))
     else:
         lines.append("transformers: " + ("not measured" if hf["installed"] else "not installed"))
     return "\n".join(lines)

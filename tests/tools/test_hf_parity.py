@@ -67,3 +67,32 @@ def test_the_benchmark_runs_transformers_when_it_is_installed():
     assert report["transformers"]["used"] and report["transformers"]["installed"]
     assert report["tokens_equal"]["transformers"]
     assert report["rows"][0]["speedup_vs_transformers"] > 0
+
+
+def test_speculate_times_transformers_in_interleaved_rounds_and_reports_a_broken_case(monkeypatch):
+    from kvlib.speculative import NeuralDraft, NgramDraft
+    from kvlib.tools import spec_bench
+
+    target = tiny_model()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        small = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    drafts = {"neural": NeuralDraft(small), "n-gram + lookup": NgramDraft.from_ids(torch.arange(64).repeat(3), 64).with_lookup()}
+    prompts, new = [torch.tensor([[0, 5, 9]]), torch.tensor([[0, 7]])], 6
+    reference = [generate(target, p, new, temperature=0.0).tokens for p in prompts]
+    best = {"neural": {"best_gamma": 2}, "n-gram + lookup": {"best_gamma": 1}}
+    out = spec_bench._transformers_rows(target, drafts, prompts, new, best, reference, 2 * new, rounds=2)
+    assert set(out["rows"]) == {"plain generate", "assisted (neural draft)", "prompt lookup"}
+    for name, row in out["rows"].items():
+        assert "error" not in row and row["same_tokens"] is True, name
+        lo, hi = row["spread_us"]
+        assert 0 < lo <= row["us_per_token"] <= hi
+    assert [out["rows"][n]["gamma"] for n in ("plain generate", "assisted (neural draft)", "prompt lookup")] == [None, 2, 1]
+
+    def broken(*args, **kwargs):
+        raise TypeError("generate() got an unexpected keyword argument\nsecond line")
+
+    monkeypatch.setattr(spec_bench, "_hf_assisted", broken)
+    out = spec_bench._transformers_rows(target, drafts, prompts, new, best, reference, 2 * new, rounds=2)
+    assert out["rows"]["prompt lookup"] == {"gamma": 1, "error": "TypeError: generate() got an unexpected keyword argument"}
+    assert "us_per_token" in out["rows"]["plain generate"]

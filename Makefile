@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml notebooks/jupyterlab-settings.json
 lab: $(STAMP)
 	$(BIN)/python -m kvlib.tools.lab notebooks/
 
+# The unit tests first, spread over every core (pytest-xdist); then the notebooks and the browser test,
+# one at a time, so that their timing cells and widget latencies have the machine to themselves.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal tests --ignore=tests/test_browser.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest notebooks tests/test_browser.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m kvlib demo

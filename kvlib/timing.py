@@ -174,3 +174,9 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "mkl": torch.backends.mkl.is_available(), "threads": torch.get_num_threads()}
+
+
+def describe_machine(info: dict) -> str:
+    """One line from :func:`machine`'s dict (and any versions added to it, such as ``transformers``)."""
+    line = f"machine: {info['cpu']}, {info['cpus']} CPU(s); torch {info['torch']}, python {info['python']}"
+    return line + (f", transformers {info['transformers']}" if info.get("transformers") else "")

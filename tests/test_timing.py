@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib.timing import Prepared, Timing, compare, interleaved, machine, percentile, threads, verdict
+from kvlib.timing import Prepared, Timing, compare, describe_machine, interleaved, machine, percentile, threads, verdict
 
 
 def test_interleaved_times_every_function_once_per_round_after_a_warm_up():
@@ -85,3 +85,10 @@ def test_percentile_interpolates_between_ranks():
 def test_machine_names_what_the_timings_ran_on():
     info = machine()
     assert info["cpus"] >= 1 and info["torch"] == torch.__version__ and info["threads"] >= 1
+
+
+def test_every_report_names_the_machine_in_one_line():
+    info = machine()
+    line = describe_machine(info)
+    assert line.startswith(f"machine: {info['cpu']}, {info['cpus']} CPU(s); torch {info['torch']}")
+    assert "transformers" not in line and describe_machine({**info, "transformers": "9.9"}).endswith(", transformers 9.9")

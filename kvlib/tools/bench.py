@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
-from ..timing import interleaved, machine, verdict
+from ..timing import describe_machine, interleaved, machine, verdict
 from ..timing import threads as thread_count
 
 BENCH_EXTRA = "pip install -e .[bench]"
@@ -335,8 +335,7 @@ def format_report(report: dict) -> str:
         f"model: {m['note']}",
         f"       {cfg['n_layer']} layers, {cfg['n_embd']} channels, {cfg['n_head']} heads, vocab "
         f"{cfg['vocab_size']}, block {cfg['block_size']}, {m['parameters']:,} parameters",
-        f"machine: {mach['cpu']}, {mach['cpus']} CPU(s); torch {mach['torch']}, python {mach['python']}"
-        + (f", transformers {mach['transformers']}" if mach["transformers"] else ""),
+        describe_machine(mach),
     ]
     hf = report["transformers"]
     missing = None if hf["used"] else (f"not installed: {hf['install']}" if not hf["installed"] else "not measured")

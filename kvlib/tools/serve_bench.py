@@ -20,7 +20,7 @@ from ..fast import FastDecoder, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import RunResult, run_continuous, run_one_at_a_time, run_static_batching
-from ..timing import Prepared, Timing, interleaved, machine, percentile, threads, verdict
+from ..timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from .bench import peak_matmul_flops
 from .traces import make_trace
 
@@ -308,6 +308,7 @@ def format_report(report: dict) -> str:
              f"{st['kv_positions']} positions = {st['static_batch_size']} static rows or {st['num_blocks']} blocks "
              f"of {st['kv_block_size']}; every way decodes with the fast step; "
              + ("each way run once" if st["repeats"] == 1 else f"medians of {st['repeats']} runs, taking turns"),
+             f"{describe_machine(report['machine'])}; timed on {report['machine']['threads']} thread(s)",
              f"{'':36} {'tokens/s':>9} {'(spread)':>11} {'passes':>7} {'latency mean':>13} {'TTFT mean':>10} "
              f"{'KV share':>9} {'preempt':>8}"]
     names = {"one_at_a_time": "one at a time (single stream)", "continuous_block_8": f"continuous, blocks of {SMALL_BLOCK}"}

@@ -25,7 +25,7 @@ from ..model import GPT
 from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
                            perfect_draft_speedup, round_us, speculative_generate)
 from ..poems import encode_prompt
-from ..timing import Timing, interleaved, machine, verdict
+from ..timing import Timing, describe_machine, interleaved, machine, verdict
 from ..timing import threads as thread_count
 from .bench import to_transformers, transformers_available
 
@@ -323,6 +323,7 @@ def format_report(report: dict) -> str:
     """The report as text tables."""
     lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
              f"medians of {report['rounds']} rounds, taking turns",
+             f"{describe_machine(report['machine'])}; timed on {report['machine']['threads']} thread(s)",
              f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} µs/token "
              f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f}); one decode step in the same "
              f"rounds: {report['step_us']:.0f} µs ({report['step_spread_us'][0]:.0f}-{report['step_spread_us'][1]:.0f}), "

@@ -44,6 +44,7 @@ def test_the_printed_report_names_the_targets(report):
     assert "same tokens in every run: True" in text and "blocks of 8" in text
     assert "weight products alone" in text and "matrix library" in text
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
+    assert "machine: " in text and "timed on 1 thread(s)" in text
 
 
 def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):

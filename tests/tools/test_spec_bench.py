@@ -51,7 +51,7 @@ def test_report_structure_and_text():
     assert lo <= report["costs"]["step_us"] <= hi and "verify/9" in report["costs"]["spread"]
     assert len(report["costs"]["verify_us"]) == len(report["costs"]["head_us"]) == 9
     text = spec_bench.format_report(report)
-    assert "medians of 1 rounds, taking turns" in text
+    assert "medians of 1 rounds, taking turns" in text and "machine: " in text and "timed on 1 thread(s)" in text
     assert "best γ" in text and "draft: neural" in text and "target >= 1.3x" in text
 
 

@@ -266,3 +266,20 @@ def test_every_object_a_notebook_shows_is_public(notebook):
     assert not private, f"{notebook.name} shows private names: {private}; make them public or show the public caller"
     for name in names:
         resolve(name)  # exists
+
+
+TIMING_CALLS = ("interleaved(", "run_spec_bench(", "run_serve_bench(", "run_bench(", "measure_update_latency(",
+                "decode_steps(", "piece_costs(", "prefill_ms(")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_that_times_names_the_machine(notebook):
+    """Times depend on the machine: a notebook that measures some prints which machine it measured on."""
+    timing_cells = [i for i, src in notebook_code(notebook) if any(call in src for call in TIMING_CALLS)]
+    if not timing_cells:
+        return
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    printed = "".join("".join(out.get("text", "")) for cell in cells for out in cell.get("outputs", []))
+    assert re.search(r"^machine: .+ CPU\(s\); torch ", printed, re.M), (
+        f"{notebook.name} times something (cells {timing_cells}) but prints no 'machine: ' line "
+        "(kvlib.timing.describe_machine)")

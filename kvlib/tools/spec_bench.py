@@ -15,7 +15,6 @@ It also builds the corpus n-gram draft. (The statistics of notebook 8's sampling
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
@@ -107,9 +106,14 @@ def decode_step(model: GPT, context: int = 40):
 
 def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds: int = 5,
                 min_run_time: float = 0.02) -> dict:
-    """µs of one fast-path decode step, one verify pass of T = 1 … 9 tokens, the head's matrix product
+    """µs of one fast-path decode step, one verify pass of T = 2 … 9 tokens, the head's matrix product
     alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
-    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``."""
+    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``.
+
+    A verify pass of one token is the decode step itself: ``verify_us[1]`` is the step's figure, not a
+    second measurement of the same computation. The cost model divides these by ``step_us``: costs in
+    decode steps stay comparable when the machine's speed moves between two measurements.
+    """
     dec, step = decode_step(model, context)
     context = dec.cache.length
 
@@ -126,16 +130,18 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
         return lambda: torch.mm(x, dec.head)  # (T, C) @ (C, V): the largest product of a pass
 
     tokens = list(range(1, context + 1))
-    fns = {"step": step, **{("verify", T): verify(T) for T in range(1, 10)},
+    fns = {"step": step, **{("verify", T): verify(T) for T in range(2, 10)},
            **{("head", T): head(T) for T in range(1, 10)}}
     for name, d in drafts.items():
         # One more guess after the tokens so far costs one feed and one pick: propose γ = 2, minus γ = 1.
         fns["guess", name, 2] = lambda d=d: d.propose(tokens, 2)
         fns["guess", name, 1] = lambda d=d: d.propose(tokens, 1)
     t = interleaved(fns, rounds, min_run_time=min_run_time)
+    t["verify", 1] = t["step"]  # the same computation: one figure
     us = lambda key: 1e6 * t[key].median  # noqa: E731
     spread = {str(k if isinstance(k, str) else "/".join(map(str, k))): (1e6 * v.low, 1e6 * v.high)
               for k, v in t.items()}
+
     return {"step_us": us("step"),
             "verify_us": {T: us(("verify", T)) for T in range(1, 10)},
             "head_us": {T: us(("head", T)) for T in range(1, 10)},
@@ -331,14 +337,13 @@ def format_report(report: dict) -> str:
              f"the loop around it, the prompt's prefill shared out; against the step: {report['plain_vs_step']})",
              ""]
     c = report["costs"]
-    lo, hi = c["spread"]["step"]
-    lines.append(f"costs (medians of {c['rounds']} interleaved rounds of their own; the model column scales them to "
-                 f"this run's step): decode step {c['step_us']:.0f} µs "
-                 f"({lo:.0f}-{hi:.0f}); verify pass of T tokens: "
-                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["verify_us"].items()) + " µs")
-    lines.append("       the head's product alone over T rows: "
-                 + ", ".join(f"T={T} {us:.0f}" for T, us in c["head_us"].items()) + " µs")
-    lines.append("       one guess: " + ", ".join(f"{n} {us:.0f} µs" for n, us in c["guess_us"].items()))
+    step = c["step_us"]
+    lines.append(f"costs, in decode steps of their own {c['rounds']} interleaved rounds (the model column multiplies "
+                 f"them by this run's step): verify pass of T tokens: "
+                 + ", ".join(f"T={T} {us / step:.2f}" for T, us in c["verify_us"].items()))
+    lines.append("       the head's product alone over T rows, in one-row products: "
+                 + ", ".join(f"T={T} {us / c['head_us'][1]:.1f}" for T, us in c["head_us"].items()))
+    lines.append("       one guess: " + ", ".join(f"{n} {us / step:.2f}" for n, us in c["guess_us"].items()))
     for name, res in report["results"].items():
         lines += ["", f"draft: {name} {report['drafts'][name]}",
                   f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'µs/tok':>7s} {'model':>7s} "

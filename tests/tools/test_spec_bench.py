@@ -63,6 +63,11 @@ def test_given_costs_are_used_not_measured_again(monkeypatch):
     report = spec_bench.run_spec_bench(target, Tok(), drafts, [torch.tensor([[0, 5]])], gammas=(1,), new_tokens=4,
                                        rounds=1, with_transformers=False, progress=False, costs=costs)
     assert report["costs"] is costs
+    # A verify pass of one token is the decode step: one figure for one computation, not two that drift apart.
+    assert costs["verify_us"][1] == costs["step_us"] and costs["spread"]["verify/1"] == costs["spread"]["step"]
+    text = spec_bench.format_report(report)
+    assert "costs, in decode steps of their own 1 interleaved rounds" in text and "T=1 1.00" in text
+    assert text.count("one decode step in the same rounds") == 1  # the step's time is printed once
     # The pieces are scaled to the decode step timed in the run's own rounds, beside plain greedy.
     row, scale = report["results"]["n-gram"]["rows"][0], report["step_us"] / costs["step_us"]
     assert row["modelled_us_per_token"] == pytest.approx(

@@ -59,6 +59,18 @@ class Prepared:
 
     prepare: Callable[[], Callable[[], object]]
 
+    def __post_init__(self):
+        if not callable(self.prepare):
+            raise TypeError(f"Prepared needs a callable that returns the call to time, got {type(self.prepare).__name__}")
+
+    def make(self) -> Callable[[], object]:
+        """A fresh call to time (``prepare()``), checked."""
+        call = self.prepare()
+        if not callable(call):
+            raise TypeError(f"Prepared's prepare() must return a zero-argument callable to time, got "
+                            f"{type(call).__name__}")
+        return call
+
 
 def verdict(a: Timing, b: Timing) -> str:
     """"faster" if every round of ``a`` beat every round of ``b``, "slower" if the reverse, else "within noise"."""
@@ -129,7 +141,7 @@ def _block(fn, n: int) -> float:
         if isinstance(fn, Prepared):
             spent = 0.0
             for _ in range(n):
-                call = fn.prepare()
+                call = fn.make()
                 t = time.perf_counter()
                 call()
                 spent += time.perf_counter() - t

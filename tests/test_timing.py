@@ -48,6 +48,10 @@ def test_a_prepared_call_gets_fresh_state_each_time_and_only_the_call_is_timed()
     out = interleaved({"fresh": Prepared(prepare)}, rounds=3, min_run_time=1e-6)
     assert len(made) == len(used) >= 1 + 3 and all(a is b for a, b in zip(made, used))  # one state per call
     assert out["fresh"].high < 0.005
+    with pytest.raises(TypeError, match="Prepared needs a callable that returns the call to time, got int"):
+        Prepared(3)
+    with pytest.raises(TypeError, match=r"prepare\(\) must return a zero-argument callable to time, got NoneType"):
+        interleaved({"x": Prepared(lambda: None)}, rounds=1)
 
 
 def test_interleaved_restores_the_thread_count_and_refuses_nonsense():

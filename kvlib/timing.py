@@ -110,13 +110,7 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
     block once and keeps its time per call. ``max_seconds`` stops early (after at least three rounds)
     once that much time has passed; ``on_round()`` is called after each.
     """
-    if not fns:
-        raise ValueError("interleaved needs at least one function to time")
-    for name, fn in fns.items():
-        if not (callable(fn) or isinstance(fn, Prepared)):
-            raise TypeError(f"fns[{name!r}] must be a zero-argument callable or a Prepared, got {type(fn).__name__}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    _check_settings(fns, rounds, min_run_time, max_seconds, on_round)
     figures: dict[str, list[float]] = {name: [] for name in fns}
     with threads(n_threads):
         calls = {name: _calls_per_block(fn, min_run_time) for name, fn in fns.items()}
@@ -129,6 +123,26 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
             if max_seconds is not None and r + 1 >= 3 and time.perf_counter() - start > max_seconds:
                 break
     return {name: Timing(name, tuple(f)) for name, f in figures.items()}
+
+
+def _check_settings(fns, rounds, min_run_time, max_seconds, on_round) -> None:
+    """:func:`interleaved`'s arguments, each with a clear error."""
+    if not isinstance(fns, dict):
+        raise TypeError(f"fns must be a dict (name -> function to time), got {type(fns).__name__}")
+    if not fns:
+        raise ValueError("interleaved needs at least one function to time")
+    for name, fn in fns.items():
+        if not (callable(fn) or isinstance(fn, Prepared)):
+            raise TypeError(f"fns[{name!r}] must be a zero-argument callable or a Prepared, got {type(fn).__name__}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    for name, value in (("min_run_time", min_run_time), ("max_seconds", max_seconds)):
+        if value is None and name == "max_seconds":
+            continue  # no time limit
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if on_round is not None and not callable(on_round):
+        raise TypeError(f"on_round must be a callable (called after each round) or None, got {type(on_round).__name__}")
 
 
 def _block(fn, n: int) -> float:

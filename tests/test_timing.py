@@ -64,6 +64,15 @@ def test_interleaved_restores_the_thread_count_and_refuses_nonsense():
         interleaved({})
     with pytest.raises(TypeError, match=r"fns\['x'\] must be a zero-argument callable or a Prepared, got int"):
         interleaved({"x": 3})
+    for bad in (-1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match="min_run_time must be a finite number of seconds >= 0"):
+            interleaved({"x": lambda: None}, min_run_time=bad)
+        with pytest.raises(ValueError, match="max_seconds must be a finite number of seconds >= 0"):
+            interleaved({"x": lambda: None}, max_seconds=bad)
+    with pytest.raises(TypeError, match=r"fns must be a dict \(name -> function to time\), got list"):
+        interleaved([lambda: None])
+    with pytest.raises(TypeError, match="on_round must be a callable"):
+        interleaved({"x": lambda: None}, on_round=5)
     with pytest.raises(ValueError, match="threads"):
         with threads(0):
             pass

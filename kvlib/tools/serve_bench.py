@@ -339,9 +339,9 @@ def format_report(report: dict) -> str:
     p = d["products"]
     lines.append(f"  the step's {p['calls']} weight products alone (every layer's four and the head), same rounds: "
                  f"1 row {p['ms_1']:.2f} ms ({100 * p['share_of_single_step']:.0f}% of the single-row step), "
-                 f"{p['rows']} rows {p['ms_batch']:.2f} ms ({100 * p['share_of_batch_step']:.0f}% of the batch step) "
+                 f"{p['rows']} rows {p['ms_batch']:.2f} ms ({100 * p['share_of_batch_step']:.0f}% of the paged batch step) "
                  f"= {p['ratio']:.1f}x for {p['rows']}x the FLOPs and the same weights read")
-    rest = (f"the measured step, {d['batch_vs_single_row']:.1f}x, costs more: the other calls grow with the rows too"
+    rest = (f"the measured step, {d['batch_vs_single_row']:.1f}x, costs more: the other calls cost more with more rows too"
             if d["batch_vs_single_row"] > p["lowest_batch_vs_single_row"] else
             f"the measured step, {d['batch_vs_single_row']:.1f}x, is within this estimate")
     lines.append(f"  so even if nothing else cost more for {p['rows']} rows than for one, a batch step would cost "

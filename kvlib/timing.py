@@ -82,9 +82,10 @@ def verdict(a: Timing, b: Timing) -> str:
 
 
 def compare(a: Timing, b: Timing, unit: str = "ms", per: int = 1) -> str:
-    """One line: ``a`` against ``b`` with both spreads, the ratio of medians and the verdict."""
+    """One line: ``a`` against ``b`` with both spreads, how many times as fast ``a`` ran (``b``'s median over
+    ``a``'s) and the verdict."""
     return (f"{a.name}: {a.describe(unit, per)} against {b.name}: {b.describe(unit, per)}; "
-            f"ratio of medians {b.median / a.median:.2f}x: {a.name} is {verdict(a, b)}")
+            f"{a.name} ran {b.median / a.median:.2f}x as fast (ratio of medians) and is {verdict(a, b)}")
 
 
 @contextmanager

@@ -1,7 +1,6 @@
 """``python -m kvlib demo``: the walkthrough's six sections, printed in the terminal."""
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -9,13 +8,13 @@ import torch
 from ..constraints import acrostic
 from ..decoding import generate, generate_uncached
 from ..poems import count_followers, top_next, write
-from ..timing import threads
+from ..timing import Timing, compare, describe_machine, machine, threads
 from .corpus import load_poems
 
 SEED = 1337
 FAMOUS = ["白日依山尽，黄河入海", "床前明月光，疑是地上", "春风"]
 OPENINGS = ["床前明月光", "大漠孤烟直", "人工智能好"]
-TIMING_RUNS = 3
+TIMING_RUNS = 3  # each loop; a verdict needs every run of one to beat every run of the other
 
 
 def timed(run):
@@ -57,9 +56,9 @@ def sections(model, tok):
         poem = acrostic(model, tok, heads, n, temperature=0.8, generator=torch.Generator().manual_seed(SEED))
         yield f"    {heads} ({n} characters): {poem}"
 
-    yield "\n== 6. The KV cache: the same text, faster"
+    yield "\n== 6. The KV cache: the same text, timed with it and without it"
     # One timeline per run: on_token stamps the moment each new token is chosen, so a single run of
-    # 120 characters also gives the time to the 32nd and the 64th. Three runs each, medians, 1 thread.
+    # 120 characters also gives the time to the 32nd and the 64th. The two loops take turns, 1 thread.
     start = torch.tensor([[tok.eos_id]])
     with threads(1):
         cached_runs, plain_runs = [], []
@@ -73,12 +72,13 @@ def sections(model, tok):
             plain_runs.append(stamps)
     same = torch.equal(cached.tokens, plain.tokens)
     yield f"  120 characters from the poem-start token, same seed: cached {'equals' if same else 'DIFFERS FROM'} uncached"
-    yield (f"  time until the n-th character is chosen (median of {TIMING_RUNS} runs each, 1 thread; "
-           f"recompute runs the whole model over the text so far at every step):")
+    yield (f"  time until the n-th character is chosen, {TIMING_RUNS} runs of each taking turns, 1 thread "
+           "(recompute runs the whole model over the text so far at every step):")
+    yield f"  {describe_machine(machine())}"
     for n in (32, 64, 120):
-        slow = statistics.median(r[n - 1] for r in plain_runs) * 1e3
-        fast = statistics.median(r[n - 1] for r in cached_runs) * 1e3
-        yield f"  {n:3d} characters: recompute {slow:6.1f} ms, cached {fast:6.1f} ms, {slow / fast:.1f}x faster"
+        fast = Timing("cached", tuple(r[n - 1] for r in cached_runs))
+        slow = Timing("recompute", tuple(r[n - 1] for r in plain_runs))
+        yield f"  {n:3d} characters: {compare(fast, slow)}"
     cache = model.new_cache(1)
     cfg = model.config
     yield (f"  cache per token: 2 (k, v) x {cfg.n_layer} layers x {cfg.n_embd} dims x 4 bytes = "

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from kvlib.tools.cli import build_parser, main
+from kvlib.timing import VERDICTS
 from kvlib.tools.demo import sections
 
 
@@ -172,6 +173,11 @@ def test_demo_prints_the_six_sections(shipped_char):
     assert "without the poem separator" in text and "notebook 1" in text  # why its top 8 differ from notebook 1's
     assert "169 times in 1,177" in text
     assert "4,096 bytes" in text and "512 KiB" in text
+    timings = [line for line in lines if "characters: cached:" in line]
+    assert [line.split()[0] for line in timings] == ["32", "64", "120"]
+    for line in timings:  # a verdict from the runs' spreads, never a bare ratio
+        assert "against recompute:" in line and line.endswith(VERDICTS)
+    assert any(line.strip().startswith("machine: ") for line in lines)
     for heads in ("春眠不觉", "学无止境"):
         assert heads in text
 

@@ -27,8 +27,12 @@ lab: $(STAMP)
 
 # The unit tests first, spread over every core (pytest-xdist); then the notebooks and the browser test,
 # one at a time, so that their timing cells and widget latencies have the machine to themselves.
+# The unit tests load only the plugin they use (xdist): nbval's Jupyter imports, and the rewriting of
+# hypothesis that its plugin brings, cost every process seconds. So they take pyproject's addopts
+# without nbval's options.
+UNIT_ARGS := --disable-plugin-autoload -p xdist.plugin -o "addopts=-ra --import-mode=importlib"
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist worksteal tests --ignore=tests/test_browser.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal $(UNIT_ARGS) tests --ignore=tests/test_browser.py $(PYTEST_ARGS)
 	$(BIN)/python -m pytest notebooks tests/test_browser.py $(PYTEST_ARGS)
 
 demo: $(STAMP)

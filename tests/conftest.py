@@ -76,6 +76,12 @@ def bpe_tokenizer():
 _SESSION_START = [0.0]
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked ``slow`` first (in their order): spread over parallel workers, a long test then
+    starts early instead of running alone at the end while the other workers wait."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionstart(session):
     import time
 

@@ -420,6 +420,7 @@ def test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fr
     (["generate", "--prompt", "hello"], ["'hello'", "not in the vocabulary"]),
     (["generate", "--prompt", b"\xe6\x98\xa5\xff"], ["--prompt", "not valid UTF-8", r"\\xff", "character 1"]),
 ])
+@pytest.mark.slow
 def test_cli_in_a_real_process_exits_2_with_one_line(argv, fragments):
     """The real command on the shipped model: status 2, one line on stderr, nothing on stdout."""
     r = subprocess.run([sys.executable, "-m", "kvlib", *argv], capture_output=True, text=True, timeout=120,

@@ -65,6 +65,7 @@ def test_tools_load_no_ui_when_imported(path):
     assert not bad, f"kvlib/tools/{path.name} imports UI at module level: " + ", ".join(bad)
 
 
+@pytest.mark.slow
 def test_importing_the_core_loads_no_ui_library():
     """The same rule, observed: a fresh interpreter imports every core module and the public API."""
     names = ", ".join(f"kvlib.{p.stem}" for p in CORE)

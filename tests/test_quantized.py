@@ -147,6 +147,7 @@ def test_a_window_over_every_position_is_the_full_cache_exactly(shipped_char):
             assert torch.equal(model(ref.tokens[:, t:t + 6], cache=a)[0], model(ref.tokens[:, t:t + 6], cache=b)[0])
 
 
+@pytest.mark.slow
 def test_greedy_tokens_agree_with_the_full_cache_and_more_bits_stay_closer(shipped_char):
     model, tok = shipped_char
     agree = []

@@ -25,8 +25,8 @@ def timed(run):
     return result, stamps
 
 
-def sections(model, tok):
-    """Yield the demo's lines one at a time."""
+def sections(model, tok, timing_runs: int = TIMING_RUNS):
+    """Yield the demo's lines one at a time; section 6 times ``timing_runs`` runs of each loop."""
     yield "== 1. All the model gives is probabilities: the top 8 characters after a piece of text"
     yield "  (each text is read without the poem separator in front, as a piece from anywhere in a poem;"
     yield "   notebook 1 reads them as poem openings, after the separator, so its top 8 differ)"
@@ -62,7 +62,7 @@ def sections(model, tok):
     start = torch.tensor([[tok.eos_id]])
     with threads(1):
         cached_runs, plain_runs = [], []
-        for _ in range(TIMING_RUNS):
+        for _ in range(timing_runs):
             cached, stamps = timed(lambda on_token: generate(
                 model, start, 120, temperature=0.8, generator=torch.Generator().manual_seed(SEED), on_token=on_token))
             cached_runs.append(stamps)
@@ -72,7 +72,7 @@ def sections(model, tok):
             plain_runs.append(stamps)
     same = torch.equal(cached.tokens, plain.tokens)
     yield f"  120 characters from the poem-start token, same seed: cached {'equals' if same else 'DIFFERS FROM'} uncached"
-    yield (f"  time until the n-th character is chosen, {TIMING_RUNS} runs of each taking turns, 1 thread "
+    yield (f"  time until the n-th character is chosen, {timing_runs} runs of each taking turns, 1 thread "
            "(recompute runs the whole model over the text so far at every step):")
     yield f"  {describe_machine(machine())}"
     for n in (32, 64, 120):

@@ -60,6 +60,7 @@ def test_widget_steps_resets_and_reports_bad_prompts(tiny_gpt, tok):
     assert ui.stepper is None and "shorter prompt" in ui.status.value and "Reset" not in ui.status.value
 
 
+@pytest.mark.slow
 def test_notebook_plots_draw_without_missing_glyphs(tiny_gpt, tok):
     from kvlib.notebook import plots
     from kvlib.model import causal_mask

@@ -181,6 +181,7 @@ def test_every_figure_builder_is_drawn(cases):
     assert not set(cases) - _figure_builders(), "a case for a function that is gone"
 
 
+@pytest.mark.slow
 def test_no_figure_has_colliding_or_escaping_text(figures, capsys):
     report = {name: figure_problems(fig) for name, fig in figures.items()}
     found = sum(len(p) for p in report.values())

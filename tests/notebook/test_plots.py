@@ -95,6 +95,7 @@ def test_panels_render_chinese_without_warnings_and_fit_a_720p_notebook():
         png_bytes(fig)
 
 
+@pytest.mark.slow
 def test_every_vocabulary_entry_is_drawn_or_shown_as_its_code_point(shipped_char):
     """The Noto subset and the two fallback subsets draw all but the few characters no free font has."""
     from kvlib.notebook.fonts import char_label, glyph_coverage

@@ -26,6 +26,7 @@ class Tok:
         return " ".join(map(str, ids))
 
 
+@pytest.mark.slow
 def test_report_structure_and_text():
     target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32), 0)
     small = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 1)

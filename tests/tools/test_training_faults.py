@@ -96,6 +96,7 @@ def history(cfg: TrainConfig) -> list[dict]:
     return json.loads((Path(cfg.out_dir) / "tang-char.log.json").read_text(encoding="utf-8"))["history"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_training_then_resume_matches_an_uninterrupted_run(tmp_path):
     cfg = config(tmp_path, "killed")
     work = Path(cfg.work_dir)

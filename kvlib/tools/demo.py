@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from ..checks import check_int
 from ..constraints import acrostic
 from ..decoding import generate, generate_uncached
 from ..poems import count_followers, top_next, write
@@ -27,6 +28,7 @@ def timed(run):
 
 def sections(model, tok, timing_runs: int = TIMING_RUNS):
     """Yield the demo's lines one at a time; section 6 times ``timing_runs`` runs of each loop."""
+    timing_runs = check_int("timing_runs", timing_runs, 1)
     yield "== 1. All the model gives is probabilities: the top 8 characters after a piece of text"
     yield "  (each text is read without the poem separator in front, as a piece from anywhere in a poem;"
     yield "   notebook 1 reads them as poem openings, after the separator, so its top 8 differ)"

@@ -183,6 +183,12 @@ def test_demo_prints_the_six_sections(shipped_char):
         assert heads in text
 
 
+@pytest.mark.parametrize("runs", [0, -1, 2.0, True, "3"])
+def test_demo_refuses_a_timing_run_count_that_is_not_a_positive_int(shipped_char, runs):
+    with pytest.raises((TypeError, ValueError), match="timing_runs"):
+        next(sections(*shipped_char, timing_runs=runs))
+
+
 def test_demo_timing_is_one_timeline_per_run():
     """Section 6 reads the time to the 32nd and 64th character off the 120-character runs' timelines."""
     from kvlib.tools.demo import timed

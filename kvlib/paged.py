@@ -511,7 +511,7 @@ class PagedBatch:
         """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D).
 
         ``index_copy_`` and ``index_select`` along the pool's slot axis do the scatter and the gather:
-        the same as indexing with ``[slots]``, several times faster on the CPU.
+        the same as indexing with ``[slots]``, one kernel each.
         """
         pool, (B, S) = self.cache.pool, self.read_slots.shape
         cfg, T = self.cache.config, self.idx.shape[1]

@@ -313,11 +313,13 @@ def plot_cache_check(report) -> Figure:
     return fig
 
 
-def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") -> Figure:
+def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", ranges: dict | None = None) -> Figure:
     """Median times (ms) of several loops against new tokens, and each loop's speed-up over ``baseline``.
 
     ``series`` maps a loop's name to its times, one per entry of ``ns``. The baseline (the first
-    series unless named) gets a quadratic fit, the others straight lines.
+    series unless named) gets a quadratic fit, the others straight lines. ``ranges`` may map a loop's
+    name to one (low, high) speed-up per entry of ``ns`` (the ratio's range over interleaved rounds),
+    drawn as a bar through its point.
     """
     ns = np.asarray(ns, dtype=float)
     series = {name: np.asarray(ms, dtype=float) for name, ms in series.items()}
@@ -336,7 +338,12 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
         ax1.plot(ns, ms, "o", color=color, label=name)
         ax1.plot(grid, np.clip(curve, 0, None), "-", color=color, alpha=0.6)  # a time is never negative
         if name != baseline:
-            ax2.plot(ns, series[baseline] / ms, "o-", color=color, label=name)
+            ups = series[baseline] / ms
+            ax2.plot(ns, ups, "o-", color=color, label=name)
+            if ranges and name in ranges:
+                low, high = np.asarray(ranges[name], dtype=float).T
+                ax2.errorbar(ns, ups, yerr=[np.clip(ups - low, 0, None), np.clip(high - ups, 0, None)],
+                             fmt="none", color=color, capsize=4, alpha=0.8)
     panel = MAX_WIDTH / 2 - 0.9
     ax1.set_xlabel("new tokens")
     ax1.set_ylabel("median time (ms)")
@@ -344,7 +351,8 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "") 
     ax1.grid(alpha=0.3)
     ax2.set_xlabel("new tokens")
     ax2.set_ylabel(f"speed-up over {baseline}")
-    _set_title(ax2, f"speed-up = {baseline} time / cached time", panel)
+    _set_title(ax2, f"speed-up = {baseline} time / cached time" + (" (bars: range over rounds)" if ranges else ""),
+               panel)
     ax2.set_ylim(0, None)
     ax2.grid(alpha=0.3)
     # One legend below both panels (inside, it would cover the points of one of them): a colour per loop.

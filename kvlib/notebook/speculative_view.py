@@ -1,8 +1,8 @@
 """Notebook 8's round-by-round view: a :class:`~kvlib.speculative.SpeculativeDecoder` on screen.
 
-Each round is one line: the draft's guesses, green where the target kept them and struck through
-in red where it did not (and after, unjudged), then the target's own token, orange when it
-corrects a guess and blue when it is the bonus after γ kept guesses. Above the rounds: the text so
+Each round is one line: the draft's guesses, green where the target kept them, struck through in
+red for the first one it rejected and in grey for those after it (never judged), then the target's
+own token, orange when it corrects a guess and blue when it is the bonus after γ kept guesses. Above the rounds: the text so
 far and the running acceptance rate α. ``step_button.click()`` works without a browser.
 """
 from __future__ import annotations
@@ -18,7 +18,9 @@ from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_sty
                    in_row, message_html, row, slider, step_buttons)
 
 KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
+UNJUDGED = "#8a8a8a"
 STYLES = {"kept": f"background:#e3f2e1;color:{KEPT}", "rejected": f"color:{REJECTED};text-decoration:line-through",
+          "unjudged": f"color:{UNJUDGED};text-decoration:line-through",
           "correction": f"background:#fbe3d3;color:{HIGHLIGHT_COLOR};font-weight:700",
           "bonus": f"background:#dde8f7;color:{BONUS};font-weight:700"}
 
@@ -30,7 +32,8 @@ def _span(token: str, kind: str) -> str:
 
 def round_html(tokenizer, r: Round, number: int) -> str:
     """One round as a line of coloured tokens."""
-    parts = [_span(tokenizer.decode([t]), "kept" if i < r.accepted else "rejected") for i, t in enumerate(r.drafted)]
+    kinds = ["kept" if i < r.accepted else "rejected" if i == r.accepted else "unjudged" for i in range(len(r.drafted))]
+    parts = [_span(tokenizer.decode([t]), kind) for t, kind in zip(r.drafted, kinds)]
     parts.append(" → " + _span(tokenizer.decode([r.token]), "bonus" if r.bonus else "correction"))
     verdict = (f"all {len(r.drafted)} kept, plus the bonus" if r.bonus and r.drafted else
                "no guess (the block is nearly full)" if not r.drafted else
@@ -43,7 +46,8 @@ def round_html(tokenizer, r: Round, number: int) -> str:
 def legend_html() -> str:
     return (f'<div style="{FONT};font-family:sans-serif;margin:4px 0;line-height:1.8">'
             + " ".join(f'<span style="white-space:nowrap;margin-right:10px">{_span(label, kind)} {kind}</span>'
-                       for label, kind in (("字", "kept"), ("字", "rejected"), ("字", "correction"), ("字", "bonus")))
+                       for label, kind in (("字", "kept"), ("字", "rejected"), ("字", "unjudged"), ("字", "correction"),
+                                           ("字", "bonus")))
             + "</div>")
 
 

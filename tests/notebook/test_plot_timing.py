@@ -19,3 +19,15 @@ def test_the_quadratic_fit_starts_at_zero_and_no_fit_is_negative():
         assert np.asarray(line.get_ydata()).min() >= 0
     quadratic = np.asarray(fits[0].get_ydata())
     assert quadratic[0] == 0.0 and np.asarray(fits[0].get_xdata())[0] == 0.0
+
+
+def test_ranges_draw_a_bar_through_each_speed_up_from_its_low_to_its_high():
+    ns = [16, 32, 64]
+    series = {"recompute": [30.0, 70.0, 200.0], "cached": [10.0, 20.0, 40.0]}  # speed-ups 3, 3.5, 5
+    ranges = {"cached": [(2.5, 3.2), (3.0, 4.0), (4.0, 6.0)]}
+    fig = plots.plot_timing(ns, series, ranges=ranges)
+    bars = [c for c in fig.axes[1].containers if c.has_yerr]
+    assert len(bars) == 1
+    segments = bars[0].lines[2][0].get_segments()                 # one vertical segment per n
+    assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [(2.5, 3.2), (3.0, 4.0), (4.0, 6.0)]
+    assert not any(c.has_yerr for c in plots.plot_timing(ns, series).axes[1].containers)

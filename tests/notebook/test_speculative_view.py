@@ -54,7 +54,9 @@ def test_round_colours(char):
     _, tok = char
     ids = tok.encode("春风花")
     line = round_html(tok, Round(ids, 1, ids[0]), 1)
-    assert line.count("spec-kept") == 1 and line.count("spec-rejected") == 2 and "spec-correction" in line
+    assert line.count("spec-kept") == 1 and line.count("spec-rejected") == 1 and "spec-correction" in line
+    assert line.count("spec-unjudged") == 1  # after the first rejection the round stops: never judged
+    assert "spec-unjudged" not in round_html(tok, Round(ids, 2, ids[0]), 1)
     assert "spec-bonus" in round_html(tok, Round(ids[:2], 2, ids[2]), 2)
 
 

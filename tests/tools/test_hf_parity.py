@@ -88,6 +88,9 @@ def test_speculate_times_transformers_in_interleaved_rounds_and_reports_a_broken
         lo, hi = row["spread_us"]
         assert 0 < lo <= row["us_per_token"] <= hi
     assert [out["rows"][n]["gamma"] for n in ("plain generate", "assisted (neural draft)", "prompt lookup")] == [None, 2, 1]
+    assert "vs_plain" not in out["rows"]["plain generate"]
+    for name in ("assisted (neural draft)", "prompt lookup"):  # judged against the library's own plain loop
+        assert out["rows"][name]["vs_plain"] in ("faster", "slower", "within noise")
 
     def broken(*args, **kwargs):
         raise TypeError("generate() got an unexpected keyword argument\nsecond line")

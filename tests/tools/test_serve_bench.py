@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+from kvlib.timing import VERDICTS
 from kvlib.tools import cli
 from kvlib.tools.serve_bench import TARGETS, decode_steps, format_report, run_serve_bench, step_flops
 
@@ -62,6 +63,21 @@ def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
     single = d["steps"]["single_row"]["ms"]
     assert 0 < p["share_of_single_step"] and 0 < p["share_of_batch_step"]
     assert p["lowest_batch_vs_single_row"] == pytest.approx((single - p["ms_1"] + p["ms_batch"]) / single)
+    assert p["batch_step_vs_estimate"] in VERDICTS
+
+
+def test_the_step_against_the_products_estimate_is_worded_by_its_verdict(report):
+    """The batch step is set beside what the products alone allow by a verdict, never by a bare comparison."""
+    import copy
+
+    said = {}
+    for word in VERDICTS:
+        r = copy.deepcopy(report)
+        r["decode_step"]["products"]["batch_step_vs_estimate"] = word
+        said[word] = format_report(r)
+    assert "costs more (every round)" in said["slower"] and "within noise of this estimate" in said["within noise"]
+    assert "came in below it (every round)" in said["faster"]
+    assert len({text for text in said.values()}) == 3
 
 
 def test_step_products_are_the_steps_products(shipped_char):

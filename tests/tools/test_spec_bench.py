@@ -47,13 +47,23 @@ def test_report_structure_and_text():
             assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
             assert r["low_us"] <= r["us_per_token"] <= r["high_us"]
             assert r["verdict"] in ("faster", "slower", "within noise")
-    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "rounds", "spread"}
+    for name, res in report["results"].items():  # the α needed and the ceiling are both taken over every γ
+        assert (res["alpha_needed"] is None) == (res["perfect_draft_speedup"] < report["target_speedup"]), name
+        assert (res["alpha_needed_gamma"] is None) == (res["alpha_needed"] is None)
+        if res["alpha_needed"] is not None:
+            assert 0 < res["alpha_needed"] <= 1 and res["alpha_needed_gamma"] in (1, 2, 3)
+    assert report["better_vs_next"] in ("faster", "slower", "within noise")
+    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "guess_steps_spread", "rounds",
+                                    "spread"}
+    for name, (lo, hi) in report["costs"]["guess_steps_spread"].items():
+        assert lo <= hi, name
     lo, hi = report["costs"]["spread"]["step"]
     assert lo <= report["costs"]["step_us"] <= hi and "verify/9" in report["costs"]["spread"]
     assert len(report["costs"]["verify_us"]) == len(report["costs"]["head_us"]) == 9
     text = spec_bench.format_report(report)
     assert "medians of 1 rounds, taking turns" in text and "machine: " in text and "timed on 1 thread(s)" in text
     assert "best γ" in text and "draft: neural" in text and "target >= 1.3x" in text
+    assert text.count("over bare decode steps: ") == 2 and "against the next draft's best: " in text
 
 
 def test_given_costs_are_used_not_measured_again(monkeypatch):

@@ -324,6 +324,14 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", 
     ns = np.asarray(ns, dtype=float)
     series = {name: np.asarray(ms, dtype=float) for name, ms in series.items()}
     baseline = baseline or next(iter(series))
+    for name, pairs in (ranges or {}).items():
+        pairs = np.asarray(pairs, dtype=float)
+        if name not in series or name == baseline:
+            raise ValueError(f"ranges names {name!r}; allowed are the series other than the baseline: "
+                             f"{[n for n in series if n != baseline]}")
+        if pairs.shape != (len(ns), 2) or not np.all(pairs[:, 0] <= pairs[:, 1]):
+            raise ValueError(f"ranges[{name!r}] must hold one (low, high) pair with low <= high per entry of ns "
+                             f"({len(ns)}), got {pairs.tolist()!r:.120}")
     colors = ["tab:blue", HIGHLIGHT_COLOR, "tab:green", "tab:purple", "tab:brown"]
     fig = Figure(figsize=(MAX_WIDTH, 5.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, sharex=True)  # both panels: the same lengths

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvlib.notebook import plots
 
@@ -31,3 +32,15 @@ def test_ranges_draw_a_bar_through_each_speed_up_from_its_low_to_its_high():
     segments = bars[0].lines[2][0].get_segments()                 # one vertical segment per n
     assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [(2.5, 3.2), (3.0, 4.0), (4.0, 6.0)]
     assert not any(c.has_yerr for c in plots.plot_timing(ns, series).axes[1].containers)
+
+
+@pytest.mark.parametrize("ranges, words", [
+    ({"cached": [(2.5, 3.2), (3.0, 4.0)]}, "one (low, high) pair"),          # one pair short
+    ({"cached": [(3.2, 2.5), (3.0, 4.0), (4.0, 6.0)]}, "low <= high"),     # low above high
+    ({"recompute": [(1, 1), (1, 1), (1, 1)]}, "other than the baseline"),  # the baseline has no speed-up
+    ({"other": [(1, 2), (1, 2), (1, 2)]}, "other than the baseline"),      # not a series
+])
+def test_ranges_that_do_not_fit_the_series_are_refused_with_what_is_allowed(ranges, words):
+    series = {"recompute": [30.0, 70.0, 200.0], "cached": [10.0, 20.0, 40.0]}
+    with pytest.raises(ValueError, match=words):
+        plots.plot_timing([16, 32, 64], series, ranges=ranges)

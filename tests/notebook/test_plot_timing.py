@@ -35,8 +35,8 @@ def test_ranges_draw_a_bar_through_each_speed_up_from_its_low_to_its_high():
 
 
 @pytest.mark.parametrize("ranges, words", [
-    ({"cached": [(2.5, 3.2), (3.0, 4.0)]}, "one (low, high) pair"),          # one pair short
-    ({"cached": [(3.2, 2.5), (3.0, 4.0), (4.0, 6.0)]}, "low <= high"),     # low above high
+    ({"cached": [(2.5, 3.2), (3.0, 4.0)]}, "per entry of ns"),                # one pair short
+    ({"cached": [(3.2, 2.5), (3.0, 4.0), (4.0, 6.0)]}, "low <= high per entry"),  # low above high
     ({"recompute": [(1, 1), (1, 1), (1, 1)]}, "other than the baseline"),  # the baseline has no speed-up
     ({"other": [(1, 2), (1, 2), (1, 2)]}, "other than the baseline"),      # not a series
 ])

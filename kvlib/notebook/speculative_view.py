@@ -2,8 +2,9 @@
 
 Each round is one line: the draft's guesses, green where the target kept them, struck through in
 red for the first one it rejected and in grey for those after it (never judged), then the target's
-own token, orange when it corrects a guess and blue when it is the bonus after γ kept guesses. Above the rounds: the text so
-far and the running acceptance rate α. ``step_button.click()`` works without a browser.
+own token, orange when it corrects a guess and blue when it is the bonus after γ kept guesses.
+Above the rounds: the text so far and the running acceptance rate α. ``step_button.click()`` works
+without a browser.
 """
 from __future__ import annotations
 

@@ -15,7 +15,10 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
   slower GELU kernel, the two factors 1/sqrt(2) folded into the MLP's weights;
 - the cache's keys and values are the two halves of one buffer, so one ``index_copy_`` per layer
   writes both;
-- the head multiplies by a (C, V) copy of the tied embedding;
+- the head multiplies one row by a (C, V) copy of the tied embedding; several rows (a batch, a
+  verify pass) go through oneDNN's product against its own blocked copy of the weight, where
+  PyTorch has oneDNN (:func:`head_logits`): the MKL product of a few rows by the 6-7 MB-wide head
+  costs nearly a single row's time per row, oneDNN's reads the weight once for all of them;
 - every buffer and view a step touches is made once: at construction for one token a row, on
   first use for T tokens a row.
 
@@ -44,7 +47,8 @@ import torch.nn.functional as F
 from .checks import ContextLimitError, check_int, check_model, one_at_a_time
 from .model import GPT, KVCache, weights_key
 
-__all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "run_blocks", "step_weights"]
+__all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "head_logits", "run_blocks",
+           "step_weights"]
 
 SQRT_HALF = math.sqrt(0.5)
 MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
@@ -73,6 +77,21 @@ def _with_bias_row(linear, scale: float = 1.0) -> torch.Tensor:
     return w1
 
 
+def _blocked(weight: torch.Tensor) -> torch.Tensor | None:
+    """An (out, in) weight reordered into oneDNN's blocked layout, if this PyTorch has oneDNN for it."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def head_logits(h: torch.Tensor, w: "StepWeights") -> torch.Tensor:
+    """(R, V) logits of the final-normalised rows ``h`` (R, C): one row by MKL's matrix-vector product,
+    several by oneDNN's product against the blocked head (the same numbers within float rounding)."""
+    if h.shape[0] > 1 and w.head_blocked is not None:
+        return torch.ops.mkldnn._linear_pointwise(h, w.head_blocked, None, "none", [], "")
+    return torch.mm(h, w.head)
+
+
 class _LayerWeights:
     """One block's weights in the decoder's layout (see the module docstring); built in inference mode."""
 
@@ -98,6 +117,7 @@ class StepWeights:
         t = model.transformer
         self.head = _transposed(t.wte.weight)                        # (C, V): the tied head
         self.wte = self.head.t()                                     # (V, C): a view of it, for the inputs
+        self.head_blocked = _blocked(t.wte.weight)                   # (V, C) in oneDNN's layout, or None
         self.wpe = t.wpe.weight.clone()                              # (block_size, C)
         self.ln_f = _copy(t.ln_f.weight, t.ln_f.bias)
         self.eps = t.ln_f.eps  # every LayerNorm of the model has the default eps
@@ -161,7 +181,7 @@ class FastDecoder:
         self.cache = KVCache(cfg, B, self.max_len, buffers=(self.kv[0], self.kv[1]))
         self._kv = self.kv.unbind(1)                                 # per layer: (2, B, H, max_len, D)
 
-        w = step_weights(model)
+        self.weights = w = step_weights(model)
         self.head, self.wte, self.wpe, self.ln_f, self.eps, self.layers = w.head, w.wte, w.wpe, w.ln_f, w.eps, w.layers
         self.positions = torch.arange(self.max_len, device=like["device"])  # slices of it index the cache
 
@@ -275,7 +295,7 @@ class FastDecoder:
         x = run_blocks(self.layers, buf, self.eps, attend)
         self.cache.advance(T)
         last = x if every or T == 1 else buf.x3[:, -1]               # (B * T, C) or (B, C)
-        return torch.mm(torch.layer_norm(last, x.shape[1:], *self.ln_f, self.eps), self.head)
+        return head_logits(torch.layer_norm(last, x.shape[1:], *self.ln_f, self.eps), self.weights)
 
 
 def additive_mask(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -369,4 +389,4 @@ class PagedStep:
             return F.scaled_dot_product_attention(buf.q, *kv, attn_mask=mask)
 
         x = run_blocks(w.layers, buf, w.eps, attend)
-        return torch.mm(torch.layer_norm(x, x.shape[1:], *w.ln_f, w.eps), w.head)  # (B, V)
+        return head_logits(torch.layer_norm(x, x.shape[1:], *w.ln_f, w.eps), w)  # (B, V)

@@ -14,9 +14,11 @@ Shapes: L layers, N blocks, b block size, H heads, D head size; B sequences, T n
 """
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import torch
 
@@ -70,6 +72,7 @@ class BlockPool:
         shape = (config.n_layer, num_blocks * kv_block_size, config.n_head, config.head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.slot_ids = array("q", range(shape[1]))  # 0, 1, 2, ...: slices of it are blocks' slots, copied fast
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_fresh: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # block id -> None, oldest first
@@ -311,12 +314,17 @@ class PagedKVCache:
 
         ``forward`` reserves for every sequence of its batch; refused, with nothing taken, when the pool
         cannot give what it needs."""
-        table, b = self.table(sid), self.kv_block_size
+        table = self.table(sid)
         n_new = check_int("n_new", n_new, 1, self.config.block_size - table.length,
                           f"an int in [1, {self.config.block_size - table.length}] (room left in the model's block)")
         if self._blocks_to_take([sid], [[0] * n_new]) > self.pool.num_free:
             raise RuntimeError(f"the block pool is full: sequence {sid!r} needs more blocks than the "
                                f"{self.pool.num_free} free; free or preempt a sequence first")
+        self._reserve(table, n_new)
+
+    def _reserve(self, table: BlockTable, n_new: int) -> None:
+        """``reserve``'s work, once the pool is known to have room."""
+        b = self.kv_block_size
         if table.length % b:  # the next token goes into the last block, which must be ours alone
             last = table.blocks[-1]
             if self._must_copy(last):
@@ -325,7 +333,7 @@ class PagedKVCache:
                 self.pool.release(last)
                 table.blocks[-1] = new
                 self.copies_on_write += 1
-        while len(table.blocks) < self.blocks_needed(table.length + n_new):
+        while len(table.blocks) < ceil_div(table.length + n_new, b):
             table.blocks.append(self.pool.allocate())
 
     def _must_copy(self, bid: int) -> bool:
@@ -390,7 +398,7 @@ class PagedKVCache:
             raise RuntimeError(f"the block pool is full: this batch needs {need} blocks at its peak, "
                                f"{self.pool.num_free} are free; free or preempt a sequence first")
         for sid, new in zip(sids, new_tokens):
-            self.reserve(sid, len(new))
+            self._reserve(self.tables[sid], len(new))
         return PagedBatch._reserved(self, list(sids), new_tokens)
 
     def _blocks_to_take(self, sids, new_tokens) -> int:
@@ -409,7 +417,7 @@ class PagedKVCache:
                     refs[last] -= 1
                     if refs[last] == 0:
                         free += 1               # the original goes back to a free list
-            free -= max(0, self.blocks_needed(table.length + len(new)) - len(table.blocks))
+            free -= max(0, ceil_div(table.length + len(new), b) - len(table.blocks))
             lowest = min(lowest, free)
         return self.pool.num_free - lowest
 
@@ -444,6 +452,11 @@ class PagedKVCache:
         logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
                           last_only=True)
         return logits[:, -1]
+
+
+def _longs(values: array, *shape: int) -> torch.Tensor:
+    """An int64 tensor of ``shape`` over the array's memory (no copy; the tensor keeps the array alive)."""
+    return torch.frombuffer(values, dtype=torch.long).view(shape)
 
 
 class PagedBatch:
@@ -487,25 +500,30 @@ class PagedBatch:
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
         self._advanced = False
         b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]
-        # Python lists first, one tensor each: this runs before every forward pass.
+        # Plain Python first, then one tensor each: this runs before every decode step. Numbers go into an
+        # array.array, which torch reads in one copy (torch.tensor of a list costs a third of a µs an item),
+        # and a block's slots are a slice of the pool's slot_ids (a copy in C, not a loop in Python).
         n_new = [len(t) for t in new_tokens]
         totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
         B, T, S = len(sids), max(n_new), max(totals)
         self.length, self.max_len = S - T, S  # GPT.forward: positions start at length, S keys in all
-        self.idx = torch.tensor([[0] * (T - len(t)) + list(t) for t in new_tokens])  # (B, T), left-padded
-        width = max(len(table.blocks) for table in tables)
-        table = torch.tensor([t.blocks + [0] * (width - len(t.blocks)) for t in tables])  # (B, blocks)
-        total, new = torch.tensor(totals), torch.tensor(n_new)                 # (B,) each
-        pos = torch.arange(S)[None] - (S - total)[:, None]                     # (B, S) position held by a column
-        real = pos >= 0
-        pos = pos.clamp(min=0)
-        self.read_slots = table.gather(1, pos // b) * b + pos % b             # (B, S) slot of every column
-        self._read = self.read_slots.flatten()                                 # (B * S,) for index_select
-        self.key_mask = None if bool(real.all()) else real
-        self.position_ids = pos[:, S - T:]                                     # (B, T)
-        new_cols = torch.arange(T)[None] >= (T - new)[:, None]                 # (B, T) real new tokens
-        self.write_rows, self.write_cols = new_cols.nonzero(as_tuple=True)
-        self.write_slots = self.read_slots[:, S - T:][new_cols]                # (N,) where they go
+        slot_ids = cache.pool.slot_ids
+        idx, slots, positions, new = array("q"), array("q"), array("q"), array("q")
+        for r, (table, total, tokens) in enumerate(zip(tables, totals, new_tokens)):
+            idx.extend(repeat(0, T - len(tokens)))
+            idx.extend(tokens)
+            slots.extend(repeat(table.blocks[0] * b, S - total))  # padding reads position 0, hidden by the mask
+            for i, block in enumerate(table.blocks[:ceil_div(total, b)]):
+                slots.extend(slot_ids[block * b:block * b + min(b, total - i * b)])
+            positions.extend(max(0, p) for p in range(total - T, total))
+            for j in range(T - len(tokens), T):
+                new.extend((r, j, slots[r * S + S - T + j]))
+        self.idx = _longs(idx, B, T)                                           # (B, T), left-padded
+        self._read = _longs(slots, B * S)                                      # (B * S,) for index_select
+        self.read_slots = self._read.view(B, S)                                # (B, S): the slot of every column
+        self.position_ids = _longs(positions, B, T)                            # (B, T)
+        self.key_mask = None if min(totals) == S else torch.arange(S) >= _longs(array("q", [S - t for t in totals]), B, 1)
+        self.write_rows, self.write_cols, self.write_slots = _longs(new, len(new) // 3, 3).unbind(1)  # (N,) each
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D).

@@ -16,9 +16,10 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
 - the cache's keys and values are the two halves of one buffer, so one ``index_copy_`` per layer
   writes both;
 - the head multiplies one row by a (C, V) copy of the tied embedding; several rows (a batch, a
-  verify pass) go through oneDNN's product against its own blocked copy of the weight, where
-  PyTorch has oneDNN (:func:`head_logits`): the MKL product of a few rows by the 6-7 MB-wide head
-  costs nearly a single row's time per row, oneDNN's reads the weight once for all of them;
+  verify pass) go through oneDNN's product against its own blocked copy, where PyTorch has oneDNN
+  (:func:`head_logits`). On the CPUs measured, MKL's product of a few rows by the wide head cost
+  close to one row's time per row, and oneDNN's grew more slowly (``python -m kvlib serve`` prints
+  how the products grow with the rows on yours);
 - every buffer and view a step touches is made once: at construction for one token a row, on
   first use for T tokens a row.
 
@@ -27,9 +28,11 @@ speculative decoding checks a round of guesses (notebook 8, :meth:`FastDecoder.e
 tokens is the one-token step on T rows a sequence, with the bottom-right causal mask of notebook 4
 (an additive one, 0 or -inf, sliced from one table). Everything else (the prefill, padded batches,
 explicit positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer,
-so the forward pass is written once and the step is tested against it.
+so the forward pass is written once and the step is tested against it. :class:`PagedStep`, the
+paged cache's step, takes prefills too: rows there start at different lengths anyway, and it uses
+``GPT.forward``'s own mask.
 
-The step reads copies of the weights in its own layout (:class:`StepWeights`, about 7 MB for the
+The step reads copies of the weights in its own layout (:class:`StepWeights`, about 11 MB for the
 char model, a few ms to build). They are built once per state of the model and shared by every
 decoder made from it: :func:`step_weights` rebuilds them when any parameter was replaced or changed
 in place (training, ``load_state_dict``), which it sees from the parameters' version counters.
@@ -45,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import ContextLimitError, check_int, check_model, one_at_a_time
-from .model import GPT, KVCache, weights_key
+from .model import GPT, KVCache, attention_mask, weights_key
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "head_logits", "run_blocks",
            "step_weights"]
@@ -352,16 +355,19 @@ class _StepBuffers:
 
 
 class PagedStep:
-    """The lean decode step for rows of different lengths whose keys live in a paged pool.
+    """The lean step for rows of different lengths whose keys live in a paged pool.
 
-    ``step(model, k_pool, v_pool, idx, position_ids, write_slots, read_slots, key_mask) -> (B, V)``:
-    one new token per row, ``idx`` and ``position_ids`` (B, 1); the pools (L, slots, H, D) as in
-    :class:`kvlib.paged.BlockPool`; row ``b``'s new key goes to slot ``write_slots[b]`` and its
-    attention reads the slots ``read_slots[b]`` (S of them, left-padded rows hidden by ``key_mask``).
-    The same arithmetic as :class:`FastDecoder`'s step (:func:`run_blocks`); only where keys are kept
-    differs. Like the teaching path it gathers each row's keys into a (B, H, S, D) tensor per
-    layer; a paged-attention kernel would read them from the pool in place. Buffers are kept per
-    batch size; one caller at a time (the paged cache that owns it).
+    ``step(model, k_pool, v_pool, idx, position_ids, read_slots, key_mask, new_rows, write_slots) -> (B, V)``:
+    ``idx`` and ``position_ids`` (B, T) hold each row's new tokens, left-padded; the pools
+    (L, slots, H, D) are :class:`kvlib.paged.BlockPool`'s. Row ``b`` attends to the slots
+    ``read_slots[b]`` (S of them, right-aligned, its new tokens last; ``key_mask`` hides the columns
+    left of its own). The real new tokens are the rows ``new_rows`` of the (B * T) new ones (None
+    when T = 1: all of them), and their keys go to ``write_slots``. The logits of each row's last
+    token come back. The same arithmetic as :class:`FastDecoder`'s step (:func:`run_blocks`), with
+    ``GPT.forward``'s mask (:func:`kvlib.model.attention_mask`) when T > 1; only where keys are
+    kept differs. Like the teaching path it gathers each row's keys into a (B, H, S, D) tensor per
+    layer; a paged-attention kernel would read them from the pool in place. Decode buffers are kept
+    per batch size; one caller at a time (the paged cache that owns it).
     """
 
     def __init__(self):
@@ -369,24 +375,30 @@ class PagedStep:
 
     @torch.inference_mode()
     def __call__(self, model: GPT, k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor,
-                 position_ids: torch.Tensor, write_slots: torch.Tensor, read_slots: torch.Tensor,
-                 key_mask: torch.Tensor | None) -> torch.Tensor:
+                 position_ids: torch.Tensor, read_slots: torch.Tensor, key_mask: torch.Tensor | None,
+                 new_rows: torch.Tensor | None, write_slots: torch.Tensor) -> torch.Tensor:
         w, cfg = step_weights(model), model.config
-        (B, S), (H, D) = read_slots.shape, k_pool.shape[2:]
-        key = (B, k_pool.dtype, k_pool.device)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = _StepBuffers(B, 1, cfg, dict(device=k_pool.device, dtype=k_pool.dtype))
-        mask = None if key_mask is None else additive_mask(key_mask, k_pool.dtype)  # (B, 1, 1, S)
+        (B, T), S, (H, D) = idx.shape, read_slots.shape[1], k_pool.shape[2:]
+        like = dict(device=k_pool.device, dtype=k_pool.dtype)
+        if T == 1:  # a decode step: the same shapes step after step
+            buf = self._buffers.get((B, k_pool.dtype, k_pool.device))
+            if buf is None:
+                buf = self._buffers[(B, k_pool.dtype, k_pool.device)] = _StepBuffers(B, 1, cfg, like)
+            mask = None if key_mask is None else additive_mask(key_mask, k_pool.dtype)  # (B, 1, 1, S)
+        else:       # a prefill: shapes vary, so nothing is kept
+            buf = _StepBuffers(B, T, cfg, like)
+            allowed = attention_mask(T, S, key_mask, k_pool.device)  # (B or 1, 1, T, S), bool
+            mask = torch.zeros(allowed.shape, **like).masked_fill_(~allowed, float("-inf"))
         read = read_slots.flatten()                                  # (B * S,)
         torch.add(F.embedding(idx, w.wte), F.embedding(position_ids, w.wpe), out=buf.x3)
 
         def attend(layer: int) -> torch.Tensor:
             kv = []
             for pool, new in ((k_pool[layer], buf.new_k), (v_pool[layer], buf.new_v)):
-                pool.index_copy_(0, write_slots, new)                # (B, H, D) into their slots
+                pool.index_copy_(0, write_slots, new if new_rows is None else new.index_select(0, new_rows))
                 kv.append(pool.index_select(0, read).view(B, S, H, D).transpose(1, 2))  # (B, H, S, D)
             return F.scaled_dot_product_attention(buf.q, *kv, attn_mask=mask)
 
-        x = run_blocks(w.layers, buf, w.eps, attend)
-        return head_logits(torch.layer_norm(x, x.shape[1:], *w.ln_f, w.eps), w)  # (B, V)
+        run_blocks(w.layers, buf, w.eps, attend)
+        last = buf.x3[:, -1]                                         # (B, C): each row's last token
+        return head_logits(torch.layer_norm(last, last.shape[1:], *w.ln_f, w.eps), w)  # (B, V)

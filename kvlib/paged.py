@@ -190,7 +190,7 @@ class PagedKVCache:
         self.tables: dict[object, BlockTable] = {}
         self.prefix_hit_tokens = 0   # prompt tokens found in the pool instead of computed
         self.copies_on_write = 0
-        self._step: PagedStep | None = None  # the lean decode step, made on first use
+        self._step: PagedStep | None = None  # the lean step, made on first use
 
     # -- all or nothing ---------------------------------------------------------------------------
     @contextmanager
@@ -425,9 +425,9 @@ class PagedKVCache:
     def forward(self, model: GPT, sids: list, new_tokens: list[list[int]], decoder: str = "fast") -> torch.Tensor:
         """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token.
 
-        ``decoder="fast"``: a decode step (one new token per sequence) takes the lean step of
-        :class:`kvlib.fast.PagedStep`, the same arithmetic as the single-stream fast path; prefills
-        run ``GPT.forward``. ``decoder="model"``: always ``GPT.forward``, the path notebook 7 explains.
+        ``decoder="fast"``: the lean step of :class:`kvlib.fast.PagedStep`, the single-stream fast
+        path's arithmetic, for decode steps and prefills alike. ``decoder="model"``: ``GPT.forward``,
+        the path notebook 7 explains.
         """
         check_model(model)
         check_choice("decoder", decoder, tuple(DECODERS))
@@ -440,14 +440,15 @@ class PagedKVCache:
 
     def _forward(self, model: GPT, batch: "PagedBatch", decoder: str) -> torch.Tensor:
         weight = model.lm_head.weight
-        lean = (decoder == "fast" and batch.idx.shape[1] == 1 and weight.dtype == self.pool.k.dtype
-                and weight.device == self.pool.k.device)  # else GPT.forward, which says what does not match
-        if lean:
+        # A model whose weights do not match the pool goes to GPT.forward, which says what does not match.
+        if decoder == "fast" and weight.dtype == self.pool.k.dtype and weight.device == self.pool.k.device:
             if self._step is None:
                 self._step = PagedStep()
-            logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids,
-                                batch.write_slots, batch.read_slots, batch.key_mask)
-            batch.advance(1)
+            T = batch.idx.shape[1]
+            logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids, batch.read_slots,
+                                batch.key_mask, None if T == 1 else batch.write_rows * T + batch.write_cols,
+                                batch.write_slots)
+            batch.advance(T)
             return logits
         logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
                           last_only=True)

@@ -5,6 +5,8 @@ for one prompt and for a left-padded batch, plus the context limit and the decod
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -287,6 +289,20 @@ def test_a_padded_decode_step_takes_the_lean_step(tiny_gpt, monkeypatch):
     assert calls == [idx.shape]  # the prefill only
 
 
+def test_head_logits_equal_the_plain_product_for_one_row_and_several(random_gpt):
+    """One row: the plain product, bit for bit. Several: oneDNN's, within float rounding of it. A model
+    oneDNN does not take (float64 here) keeps the plain product for every row count."""
+    from kvlib.fast import head_logits, step_weights
+    h = torch.randn(6, random_gpt.config.n_embd, generator=torch.Generator().manual_seed(0))
+    w = step_weights(random_gpt)
+    assert w.head_blocked is not None
+    assert torch.equal(head_logits(h[:1], w), h[:1] @ w.head)
+    for rows in (2, 3, 6):
+        assert max_diff(head_logits(h[:rows], w), h[:rows] @ w.head) <= 1e-4
+    wide = step_weights(copy.deepcopy(random_gpt).double())
+    assert wide.head_blocked is None and torch.equal(head_logits(h.double(), wide), h.double() @ wide.head)
+
+
 # ---- the paged lean step -----------------------------------------------------------------------
 
 @SHAPES
@@ -309,6 +325,32 @@ def test_the_paged_lean_step_matches_gpt_forward(models, shape):
         out = {d: cache.forward(model, live, new, decoder=d) for d, cache in caches.items()}
         worst = max(worst, max_diff(out["fast"], out["model"]))
     assert worst <= ATOL
+    for s in range(3):
+        assert caches["fast"].tables[s].token_ids == caches["model"].tables[s].token_ids
+    assert max_diff(caches["fast"].pool.k, caches["model"].pool.k) <= ATOL
+    assert max_diff(caches["fast"].pool.v, caches["model"].pool.v) <= ATOL
+
+
+@SHAPES
+def test_the_paged_lean_step_takes_chunks_of_new_tokens_like_gpt_forward(models, shape):
+    """Prefills and chunks of several new tokens after cached ones, rows of different lengths and chunk
+    sizes, some prompt blocks found by prefix caching: logits and stored keys as GPT.forward's."""
+    from kvlib.paged import PagedKVCache
+    model = models[shape]
+    V = model.config.vocab_size
+    shared = prompt(8, V, seed=1)[0].tolist()
+    prompts = [shared + [3, 4], prompt(3, V, seed=2)[0].tolist(), shared + [5]]
+    caches = {d: PagedKVCache(model.config, 64, 4) for d in ("fast", "model")}
+    out = {}
+    for d, cache in caches.items():
+        cache.add_sequence(0, prompts[0])
+        cache.forward(model, [0], [prompts[0]], decoder=d)
+        hits = [cache.add_sequence(s, prompts[s]) for s in (1, 2)]
+        first = cache.forward(model, [1, 2], [prompts[s][h:] for s, h in zip((1, 2), hits)], decoder=d)
+        chunks = [[(5 * i + s) % V for i in range(n)] for s, n in ((2, 1), (0, 3), (1, 2))]
+        out[d] = (hits, first, cache.forward(model, [2, 0, 1], chunks, decoder=d))
+    assert out["fast"][0] == out["model"][0] == [0, 8]  # the shared prompt's two full blocks were found
+    assert max_diff(out["fast"][1], out["model"][1]) <= ATOL and max_diff(out["fast"][2], out["model"][2]) <= ATOL
     for s in range(3):
         assert caches["fast"].tables[s].token_ids == caches["model"].tables[s].token_ids
     assert max_diff(caches["fast"].pool.k, caches["model"].pool.k) <= ATOL

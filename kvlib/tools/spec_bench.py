@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..decoding import generate
-from ..fast import FastDecoder
+from ..fast import FastDecoder, head_logits
 from ..model import GPT
 from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
                            perfect_draft_speedup, round_us, speculative_generate)
@@ -128,7 +128,7 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
 
     def head(T):
         x = torch.randn(T, model.config.n_embd, generator=torch.Generator().manual_seed(T))
-        return lambda: torch.mm(x, dec.head)  # (T, C) @ (C, V): the largest product of a pass
+        return lambda: head_logits(x, dec.weights)  # (T, C) @ (C, V): the largest product of a pass
 
     tokens = list(range(1, context + 1))
     fns = {"step": step, **{("verify", T): verify(T) for T in range(2, 10)},

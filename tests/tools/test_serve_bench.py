@@ -80,22 +80,24 @@ def test_the_step_against_the_products_estimate_is_worded_by_its_verdict(report)
     assert len({text for text in said.values()}) == 3
 
 
-def test_step_products_are_the_steps_products(shipped_char):
-    """The products timed alone are every weight product of the lean step, with its shapes."""
+def test_step_products_are_the_steps_products(shipped_char, monkeypatch):
+    """The products timed alone are every weight product of the lean step, with its shapes, and the
+    head through the step's own head_logits."""
     import kvlib.tools.serve_bench as sb
 
     model, calls = shipped_char[0], []
     run = sb.step_products(model, 3, torch.Generator().manual_seed(0))
-    real_mm, real_addmm = torch.mm, torch.addmm
+    real_mm, real_addmm, real_head = torch.mm, torch.addmm, sb.head_logits
+    monkeypatch.setattr(sb, "head_logits", lambda h, w: calls.append((tuple(h.shape), "head")) or real_head(h, w))
     try:
         torch.mm = lambda x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_mm(x, m, out=out)
         torch.addmm = lambda b, x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_addmm(b, x, m, out=out)
         run()
     finally:
         torch.mm, torch.addmm = real_mm, real_addmm
-    C, V = model.config.n_embd, model.config.vocab_size
+    C = model.config.n_embd
     layer = [((3, C), (C, 3 * C)), ((3, C + 1), (C + 1, C)), ((3, C), (C, 4 * C)), ((3, 4 * C + 1), (4 * C + 1, C))]
-    assert calls == layer * model.config.n_layer + [((3, C), (C, V))]
+    assert calls == layer * model.config.n_layer + [((3, C), "head")]
 
 
 def test_step_flops_count_layers_head_and_attention():

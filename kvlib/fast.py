@@ -23,14 +23,14 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
 - every buffer and view a step touches is made once: at construction for one token a row, on
   first use for T tokens a row.
 
-Only the decode step is rewritten: one new token a row when decoding, a few (T <= 16) when
-speculative decoding checks a round of guesses (notebook 8, :meth:`FastDecoder.extend`). A step of T
-tokens is the one-token step on T rows a sequence, with the bottom-right causal mask of notebook 4
-(an additive one, 0 or -inf, sliced from one table). Everything else (the prefill, padded batches,
-explicit positions) runs the teaching model's own ``GPT.forward`` over the decoder's cache buffer,
-so the forward pass is written once and the step is tested against it. :class:`PagedStep`, the
-paged cache's step, takes prefills too: rows there start at different lengths anyway, and it uses
-``GPT.forward``'s own mask.
+Only short steps are rewritten: one new token a row when decoding, a few (T <= 16) when
+speculative decoding checks a round of guesses (notebook 8, :meth:`FastDecoder.extend`) or a short
+prompt is prefilled. A step of T tokens is the one-token step on T rows a sequence, with the
+bottom-right causal mask of notebook 4 (an additive one, 0 or -inf, sliced from one table).
+Everything else (longer prompts, padded batches, explicit positions) runs the teaching model's own
+``GPT.forward`` over the decoder's cache buffer, so the forward pass is written once and the step
+is tested against it. :class:`PagedStep`, the paged cache's step, takes prefills too: rows there
+start at different lengths anyway, and it uses ``GPT.forward``'s own mask.
 
 The step reads copies of the weights in its own layout (:class:`StepWeights`, about 11 MB for the
 char model, a few ms to build). They are built once per state of the model and shared by every
@@ -159,8 +159,9 @@ class FastDecoder:
     ``key_mask`` (B, cached + T) marks real keys (True) and left padding; ``position_ids`` (B, T)
     overrides the positions, which otherwise continue from ``cache.length``.
 
-    One new token per row without a mask or explicit positions (unpadded decoding) takes the lean
-    step; anything else (the prefill, padded batches) runs ``GPT.forward`` over the same cache.
+    Up to ``MAX_STEP_TOKENS`` new tokens per row without a mask or explicit positions (unpadded
+    decoding, a short prompt) take the lean step; anything else (longer prompts, padded batches)
+    runs ``GPT.forward`` over the same cache.
     :meth:`extend` appends a few tokens per row with the lean step and returns the logits after
     each of them (speculative decoding's verify pass). Each call returns a new logits tensor; the
     decoder's other buffers are reused.
@@ -204,7 +205,7 @@ class FastDecoder:
 
     def _call(self, idx, key_mask, position_ids) -> torch.Tensor:
         T = self._check(idx)
-        if T == 1 and key_mask is None and position_ids is None:
+        if T <= MAX_STEP_TOKENS and key_mask is None and position_ids is None:
             return self._step(idx, every=False)
         if T == 1 and key_mask is not None and position_ids is not None and self._padded_ok(key_mask, position_ids):
             return self._step(idx, every=False, key_mask=key_mask, position_ids=position_ids)

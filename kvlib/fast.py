@@ -15,11 +15,11 @@ much to calling operators as to arithmetic, so the changes are about doing fewer
   slower GELU kernel, the two factors 1/sqrt(2) folded into the MLP's weights;
 - the cache's keys and values are the two halves of one buffer, so one ``index_copy_`` per layer
   writes both;
-- the head multiplies one row by a (C, V) copy of the tied embedding; several rows (a batch, a
-  verify pass) go through oneDNN's product against its own blocked copy, where PyTorch has oneDNN
-  (:func:`head_logits`). On the CPUs measured, MKL's product of a few rows by the wide head cost
-  close to one row's time per row, and oneDNN's grew more slowly (``python -m kvlib serve`` prints
-  how the products grow with the rows on yours);
+- the head multiplies a few rows by a (C, V) copy of the tied embedding; four rows or more (a
+  batch, a long verify pass) go through oneDNN's product against its own blocked copy, where
+  PyTorch has oneDNN (:func:`head_logits`). On the CPUs measured, MKL's product of several rows by
+  the wide head cost close to one row's time per row, and oneDNN's grew more slowly, but cost more
+  for one to three rows (``python -m kvlib serve`` prints how the products grow on yours);
 - every buffer and view a step touches is made once: at construction for one token a row, on
   first use for T tokens a row.
 
@@ -56,6 +56,7 @@ __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additi
 SQRT_HALF = math.sqrt(0.5)
 MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
 MAX_CACHE_ELEMENTS = 2**31  # keys and values of a decoder's cache, at most
+BLOCKED_HEAD_ROWS = 4  # from this many rows on, the head's product goes through oneDNN (see head_logits)
 
 
 def _copy(*params: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -88,9 +89,9 @@ def _blocked(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def head_logits(h: torch.Tensor, w: "StepWeights") -> torch.Tensor:
-    """(R, V) logits of the final-normalised rows ``h`` (R, C): one row by MKL's matrix-vector product,
-    several by oneDNN's product against the blocked head (the same numbers within float rounding)."""
-    if h.shape[0] > 1 and w.head_blocked is not None:
+    """(R, V) logits of the final-normalised rows ``h`` (R, C): up to three rows by the plain product,
+    more by oneDNN's against the blocked head (the same numbers within float rounding)."""
+    if h.shape[0] >= BLOCKED_HEAD_ROWS and w.head_blocked is not None:
         return torch.ops.mkldnn._linear_pointwise(h, w.head_blocked, None, "none", [], "")
     return torch.mm(h, w.head)
 

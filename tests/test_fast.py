@@ -290,14 +290,15 @@ def test_a_padded_decode_step_takes_the_lean_step(tiny_gpt, monkeypatch):
 
 
 def test_head_logits_equal_the_plain_product_for_one_row_and_several(random_gpt):
-    """One row: the plain product, bit for bit. Several: oneDNN's, within float rounding of it. A model
+    """A few rows: the plain product, bit for bit. More: oneDNN's, within float rounding of it. A model
     oneDNN does not take (float64 here) keeps the plain product for every row count."""
-    from kvlib.fast import head_logits, step_weights
-    h = torch.randn(6, random_gpt.config.n_embd, generator=torch.Generator().manual_seed(0))
+    from kvlib.fast import BLOCKED_HEAD_ROWS, head_logits, step_weights
+    h = torch.randn(9, random_gpt.config.n_embd, generator=torch.Generator().manual_seed(0))
     w = step_weights(random_gpt)
     assert w.head_blocked is not None
-    assert torch.equal(head_logits(h[:1], w), h[:1] @ w.head)
-    for rows in (2, 3, 6):
+    for rows in range(1, BLOCKED_HEAD_ROWS):
+        assert torch.equal(head_logits(h[:rows], w), h[:rows] @ w.head)
+    for rows in (BLOCKED_HEAD_ROWS, 9):
         assert max_diff(head_logits(h[:rows], w), h[:rows] @ w.head) <= 1e-4
     wide = step_weights(copy.deepcopy(random_gpt).double())
     assert wide.head_blocked is None and torch.equal(head_logits(h.double(), wide), h.double() @ wide.head)

@@ -87,8 +87,8 @@ def test_step_products_are_the_steps_products(shipped_char, monkeypatch):
 
     model, calls = shipped_char[0], []
     run = sb.step_products(model, 3, torch.Generator().manual_seed(0))
-    real_mm, real_addmm, real_head = torch.mm, torch.addmm, sb.head_logits
-    monkeypatch.setattr(sb, "head_logits", lambda h, w: calls.append((tuple(h.shape), "head")) or real_head(h, w))
+    real_mm, real_addmm = torch.mm, torch.addmm
+    monkeypatch.setattr(sb, "head_logits", lambda h, w: calls.append((tuple(h.shape), "head")))
     try:
         torch.mm = lambda x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_mm(x, m, out=out)
         torch.addmm = lambda b, x, m, out: calls.append((tuple(x.shape), tuple(m.shape))) or real_addmm(b, x, m, out=out)

@@ -347,7 +347,7 @@ class _StepBuffers:
         qkv = self.qkv.view(B, T, 3, H, D)
         self.q = qkv[:, :, 0].transpose(1, 2)                        # (B, H, T, D)
         self.new_kv = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)           # (2, B, H, T, D)
-        self.new_k, self.new_v = qkv.view(R, 3, H, D)[:, 1], qkv.view(R, 3, H, D)[:, 2]  # (B * T, H, D) each
+        self.new_kv_rows = qkv.view(R, 3, H, D)[:, 1:]               # (B * T, 2, H, D): as a paged pool keeps them
         self.y1 = torch.ones(R, C + 1, **like)
         self.y = self.y1[:, :C].view(B, T, H, D).transpose(1, 2)     # (B, H, T, D): attention's output
         self.u = torch.empty(R, 4 * C, **like)                       # MLP pre-activation / sqrt(2)
@@ -359,47 +359,47 @@ class _StepBuffers:
 class PagedStep:
     """The lean step for rows of different lengths whose keys live in a paged pool.
 
-    ``step(model, k_pool, v_pool, idx, position_ids, read_slots, key_mask, new_rows, write_slots) -> (B, V)``:
-    ``idx`` and ``position_ids`` (B, T) hold each row's new tokens, left-padded; the pools
-    (L, slots, H, D) are :class:`kvlib.paged.BlockPool`'s. Row ``b`` attends to the slots
+    ``step(model, kv_pool, idx, position_ids, read_slots, key_mask, new_rows, write_slots) -> (B, V)``:
+    ``idx`` and ``position_ids`` (B, T) hold each row's new tokens, left-padded; the pool's keys and
+    values, (L, slots, 2, H, D), are :class:`kvlib.paged.BlockPool`'s. Row ``b`` attends to the slots
     ``read_slots[b]`` (S of them, right-aligned, its new tokens last; ``key_mask`` hides the columns
     left of its own). The real new tokens are the rows ``new_rows`` of the (B * T) new ones (None
-    when T = 1: all of them), and their keys go to ``write_slots``. The logits of each row's last
-    token come back. The same arithmetic as :class:`FastDecoder`'s step (:func:`run_blocks`), with
-    ``GPT.forward``'s mask (:func:`kvlib.model.attention_mask`) when T > 1; only where keys are
-    kept differs. Like the teaching path it gathers each row's keys into a (B, H, S, D) tensor per
-    layer; a paged-attention kernel would read them from the pool in place. Decode buffers are kept
-    per batch size; one caller at a time (the paged cache that owns it).
+    when T = 1: all of them), and their keys and values go to ``write_slots``. The logits of each
+    row's last token come back. The same arithmetic as :class:`FastDecoder`'s step
+    (:func:`run_blocks`), with ``GPT.forward``'s mask (:func:`kvlib.model.attention_mask`) when
+    T > 1; only where keys are kept differs. Like the teaching path it gathers each row's keys and
+    values into one tensor per layer (one ``index_select``: a slot keeps them side by side); a
+    paged-attention kernel would read them from the pool in place. Decode buffers are kept per
+    batch size; one caller at a time (the paged cache that owns it).
     """
 
     def __init__(self):
         self._buffers: dict[tuple, _StepBuffers] = {}
 
     @torch.inference_mode()
-    def __call__(self, model: GPT, k_pool: torch.Tensor, v_pool: torch.Tensor, idx: torch.Tensor,
-                 position_ids: torch.Tensor, read_slots: torch.Tensor, key_mask: torch.Tensor | None,
-                 new_rows: torch.Tensor | None, write_slots: torch.Tensor) -> torch.Tensor:
+    def __call__(self, model: GPT, kv_pool: torch.Tensor, idx: torch.Tensor, position_ids: torch.Tensor,
+                 read_slots: torch.Tensor, key_mask: torch.Tensor | None, new_rows: torch.Tensor | None,
+                 write_slots: torch.Tensor) -> torch.Tensor:
         w, cfg = step_weights(model), model.config
-        (B, T), S, (H, D) = idx.shape, read_slots.shape[1], k_pool.shape[2:]
-        like = dict(device=k_pool.device, dtype=k_pool.dtype)
+        (B, T), S, (H, D) = idx.shape, read_slots.shape[1], kv_pool.shape[3:]
+        like = dict(device=kv_pool.device, dtype=kv_pool.dtype)
         if T == 1:  # a decode step: the same shapes step after step
-            buf = self._buffers.get((B, k_pool.dtype, k_pool.device))
+            buf = self._buffers.get((B, kv_pool.dtype, kv_pool.device))
             if buf is None:
-                buf = self._buffers[(B, k_pool.dtype, k_pool.device)] = _StepBuffers(B, 1, cfg, like)
-            mask = None if key_mask is None else additive_mask(key_mask, k_pool.dtype)  # (B, 1, 1, S)
+                buf = self._buffers[(B, kv_pool.dtype, kv_pool.device)] = _StepBuffers(B, 1, cfg, like)
+            mask = None if key_mask is None else additive_mask(key_mask, kv_pool.dtype)  # (B, 1, 1, S)
         else:       # a prefill: shapes vary, so nothing is kept
             buf = _StepBuffers(B, T, cfg, like)
-            allowed = attention_mask(T, S, key_mask, k_pool.device)  # (B or 1, 1, T, S), bool
+            allowed = attention_mask(T, S, key_mask, kv_pool.device)  # (B or 1, 1, T, S), bool
             mask = torch.zeros(allowed.shape, **like).masked_fill_(~allowed, float("-inf"))
         read = read_slots.flatten()                                  # (B * S,)
         torch.add(F.embedding(idx, w.wte), F.embedding(position_ids, w.wpe), out=buf.x3)
 
         def attend(layer: int) -> torch.Tensor:
-            kv = []
-            for pool, new in ((k_pool[layer], buf.new_k), (v_pool[layer], buf.new_v)):
-                pool.index_copy_(0, write_slots, new if new_rows is None else new.index_select(0, new_rows))
-                kv.append(pool.index_select(0, read).view(B, S, H, D).transpose(1, 2))  # (B, H, S, D)
-            return F.scaled_dot_product_attention(buf.q, *kv, attn_mask=mask)
+            pool, new = kv_pool[layer], buf.new_kv_rows             # (slots, 2, H, D), (B * T, 2, H, D)
+            pool.index_copy_(0, write_slots, new if new_rows is None else new.index_select(0, new_rows))
+            k, v = pool.index_select(0, read).view(B, S, 2, H, D).permute(2, 0, 3, 1, 4)  # (B, H, S, D) each
+            return F.scaled_dot_product_attention(buf.q, k, v, attn_mask=mask)
 
         run_blocks(w.layers, buf, w.eps, attend)
         last = buf.x3[:, -1]                                         # (B, C): each row's last token

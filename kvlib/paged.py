@@ -54,6 +54,9 @@ def block_hash(previous: int | None, token_ids) -> int:
 class BlockPool:
     """Keys and values of every block, ``k``, ``v`` (L, N * b, H, D), and the bookkeeping of who owns what.
 
+    ``k`` and ``v`` are views of one buffer ``kv`` (L, N * b, 2, H, D): a slot's key and value sit side
+    by side, so that the lean step reads both with one gather.
+
     Slot ``s`` of the flat second axis is position ``s % b`` of block ``s // b``. A block is in use
     (``ref_count > 0``), free and fresh, or free but still holding a full prefix that a later request
     may hit (``free_cached``, least recently freed first). Allocation takes a fresh block if there is
@@ -69,16 +72,16 @@ class BlockPool:
         self.num_blocks = check_int("num_blocks", num_blocks, 1, top,
                                     f"an int in [1, {top}] (at most {MAX_POSITIONS} positions in the pool)")
         device, dtype = check_device(device), check_dtype(dtype)
-        shape = (config.n_layer, num_blocks * kv_block_size, config.n_head, config.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (config.n_layer, num_blocks * kv_block_size, 2, config.n_head, config.head_size)
+        self.kv = torch.zeros(shape, device=device, dtype=dtype)  # a slot's key and value side by side
+        self.k, self.v = self.kv.unbind(2)                        # (L, N * b, H, D) each, views of it
         self.slot_ids = array("q", range(shape[1]))  # 0, 1, 2, ...: slices of it are blocks' slots, copied fast
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_fresh: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # block id -> None, oldest first
         self.by_hash: dict[int, int] = {}                          # full-block hash -> block id
         self.evictions = 0
-        self._saved: dict[int, tuple] | None = None  # in a transaction: contents of blocks handed out again
+        self._saved: dict[int, torch.Tensor] | None = None  # in a transaction: contents of blocks handed out again
 
     @property
     def num_free(self) -> int:
@@ -109,7 +112,7 @@ class BlockPool:
         """Inside a transaction, keep a block's old keys and values before it is written again."""
         if self._saved is not None and bid not in self._saved:
             b = self.kv_block_size
-            self._saved[bid] = (self.k[:, bid * b:(bid + 1) * b].clone(), self.v[:, bid * b:(bid + 1) * b].clone())
+            self._saved[bid] = self.kv[:, bid * b:(bid + 1) * b].clone()
 
     def lookup(self, h: int, token_ids) -> int | None:
         """The block holding exactly these tokens after this prefix, or None."""
@@ -156,8 +159,7 @@ class BlockPool:
     def copy(self, src: int, dst: int) -> None:
         src, dst = check_int("src", src, 0, self.num_blocks - 1), check_int("dst", dst, 0, self.num_blocks - 1)
         b = self.kv_block_size
-        self.k[:, dst * b:(dst + 1) * b] = self.k[:, src * b:(src + 1) * b]
-        self.v[:, dst * b:(dst + 1) * b] = self.v[:, src * b:(src + 1) * b]
+        self.kv[:, dst * b:(dst + 1) * b] = self.kv[:, src * b:(src + 1) * b]
 
 
 @dataclass
@@ -215,8 +217,8 @@ class PagedKVCache:
             yield
         except BaseException:
             b = self.kv_block_size
-            for bid, (k, v) in pool._saved.items():
-                pool.k[:, bid * b:(bid + 1) * b], pool.v[:, bid * b:(bid + 1) * b] = k, v
+            for bid, kv in pool._saved.items():
+                pool.kv[:, bid * b:(bid + 1) * b] = kv
             for block, (ref_count, h, token_ids) in zip(pool.blocks, blocks):
                 block.ref_count, block.hash, block.token_ids = ref_count, h, token_ids
             pool.free_fresh, pool.free_cached, pool.by_hash = lists
@@ -445,7 +447,7 @@ class PagedKVCache:
             if self._step is None:
                 self._step = PagedStep()
             T = batch.idx.shape[1]
-            logits = self._step(model, self.pool.k, self.pool.v, batch.idx, batch.position_ids, batch.read_slots,
+            logits = self._step(model, self.pool.kv, batch.idx, batch.position_ids, batch.read_slots,
                                 batch.key_mask, None if T == 1 else batch.write_rows * T + batch.write_cols,
                                 batch.write_slots)
             batch.advance(T)

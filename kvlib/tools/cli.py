@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="many users: one at a time, static batches, continuous batching (paged)")
     p.add_argument("--requests", type=_requests, default=64, help=f"requests in the trace, 1 to {MAX_REQUESTS}")
-    p.add_argument("--rate", type=_rate, default=100.0, help=f"arrivals per second, in [{MIN_RATE:g}, {MAX_RATE:g}]")
+    p.add_argument("--rate", type=_rate, default=1000.0, help=f"arrivals per second, in [{MIN_RATE:g}, {MAX_RATE:g}]")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the trace's arrivals and prompts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_serve)

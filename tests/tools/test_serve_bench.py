@@ -1,4 +1,5 @@
 """The side-by-side serving report: its structure, never its timings."""
+import copy
 import json
 
 import pytest
@@ -68,8 +69,6 @@ def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
 
 def test_the_step_against_the_products_estimate_is_worded_by_its_verdict(report):
     """The batch step is set beside what the products alone allow by a verdict, never by a bare comparison."""
-    import copy
-
     said = {}
     for word in VERDICTS:
         r = copy.deepcopy(report)
@@ -78,6 +77,21 @@ def test_the_step_against_the_products_estimate_is_worded_by_its_verdict(report)
     assert "costs more (every round)" in said["slower"] and "within noise of this estimate" in said["within noise"]
     assert "came in below it (every round)" in said["faster"]
     assert len({text for text in said.values()}) == 3
+
+
+def test_the_report_says_whether_requests_queued(report):
+    """The last arrival against the shortest run: tokens/s measure the server only when requests waited."""
+    pace = report["pace"]
+    assert pace["last_arrival_s"] == report["trace"]["last_arrival_s"]
+    assert pace["shortest_run"] in RUNS and pace["shortest_makespan_s"] > 0
+    assert pace["server_bound"] == (pace["last_arrival_s"] <= 0.5 * pace["shortest_makespan_s"])
+    said = {}
+    for bound in (True, False):
+        r = copy.deepcopy(report)
+        r["pace"]["server_bound"] = bound
+        said[bound] = format_report(r)
+    assert "requests queued, so tokens/s measure the server" in said[True]
+    assert "raise the rate to measure the server" in said[False]
 
 
 def test_step_products_are_the_steps_products(shipped_char, monkeypatch):

@@ -83,7 +83,8 @@ def _with_bias_row(linear, scale: float = 1.0) -> torch.Tensor:
 
 def _blocked(weight: torch.Tensor) -> torch.Tensor | None:
     """An (out, in) weight reordered into oneDNN's blocked layout, if this PyTorch has oneDNN for it."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available()
+            or not hasattr(torch.ops.mkldnn, "_linear_pointwise")):  # a private op of PyTorch's CPU builds
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 

@@ -395,13 +395,17 @@ class PagedKVCache:
             if self.table(sid).length + len(new) > self.config.block_size:
                 raise ContextLimitError(f"sequence {sid!r} would reach {self.tables[sid].length + len(new)} "
                                         f"positions; the model's block holds {self.config.block_size}")
+        return self._reserved_batch(list(sids), new_tokens)
+
+    def _reserved_batch(self, sids: list, new_tokens: list[list[int]]) -> "PagedBatch":
+        """``batch``'s work once its input is known to be good: refused, with nothing taken, if the pool is short."""
         need = self._blocks_to_take(sids, new_tokens)
         if need > self.pool.num_free:
             raise RuntimeError(f"the block pool is full: this batch needs {need} blocks at its peak, "
                                f"{self.pool.num_free} are free; free or preempt a sequence first")
         for sid, new in zip(sids, new_tokens):
             self._reserve(self.tables[sid], len(new))
-        return PagedBatch._reserved(self, list(sids), new_tokens)
+        return PagedBatch._reserved(self, sids, new_tokens)
 
     def _blocks_to_take(self, sids, new_tokens) -> int:
         """Free blocks that ``reserve`` will take for this batch, in its order (copies on write included)."""
@@ -439,6 +443,12 @@ class PagedKVCache:
                              f"{model.config}")
         with self.transaction():  # refused or interrupted: the reserved blocks and copies are undone
             return self._forward(model, self.batch(sids, new_tokens), decoder)
+
+    def _forward_own(self, model: GPT, sids: list, new_tokens: list[list[int]], decoder: str) -> torch.Tensor:
+        """``forward`` for a caller whose sequences, tokens and model this cache has seen already (the
+        serving engine's step: its requests were checked when added): the same pass, without checking them again."""
+        with self.transaction():
+            return self._forward(model, self._reserved_batch(sids, new_tokens), decoder)
 
     def _forward(self, model: GPT, batch: "PagedBatch", decoder: str) -> torch.Tensor:
         weight = model.lm_head.weight

@@ -72,6 +72,10 @@ class RequestState:
         return self.request.prompt + self.output
 
     @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.request.prompt[-1]
+
+    @property
     def done(self) -> bool:
         return len(self.output) >= self.request.max_new_tokens
 
@@ -195,7 +199,10 @@ class Engine:
 
     def _preempt_for_decode(self) -> list[int]:
         preempted = []
-        while sum(self.cache.slots_needed(s.id, 1) for s in self.running) > self.cache.pool.num_free:
+        # The blocks the decode's batch would take (PagedKVCache.batch's own count: a block shared by two of
+        # them is copied once), while more than are free.
+        while self.cache._blocks_to_take([s.id for s in self.running], [[0]] * len(self.running)) > \
+                self.cache.pool.num_free:
             victim = self.running.pop()
             self._release(victim.id)
             victim.state, victim.preemptions = "waiting", victim.preemptions + 1
@@ -244,27 +251,24 @@ class Engine:
             self.waiting.popleft()
         preempted, computed = [], 0
         if admitted:
-            kind, seqs = "prefill", admitted
-            new = []
+            kind, seqs, new = "prefill", admitted, []
             for seq in admitted:
                 cached = self.cache.add_sequence(seq.id, seq.tokens)
                 new.append(seq.tokens[cached:])
-            logits = self.cache.forward(self.model, [s.id for s in admitted], new)
-            for seq in admitted:
-                seq.state = "running"
-            self.running.extend(admitted)
         elif self.running:
             kind = "decode"
             preempted = self._preempt_for_decode()
-            seqs = self.running
-            new = [[s.tokens[-1]] for s in seqs]
+            seqs, new = self.running, [[s.last_token] for s in self.running]
         else:  # nothing has arrived yet: skip ahead to the next arrival
             self.clock.wait_until(self.waiting[0].request.arrival)
             record = StepRecord("idle", self.clock.now(), [])
             self.history.append(record)
             return record
-        if kind == "decode":
-            logits = self.cache.forward(self.model, [s.id for s in seqs], new, self.decoder)
+        logits = self.cache._forward_own(self.model, [s.id for s in seqs], new, self.decoder)
+        if kind == "prefill":
+            for seq in admitted:
+                seq.state = "running"
+            self.running.extend(admitted)
         computed = sum(len(t) for t in new)
         now = self.clock.now()
         retired = []

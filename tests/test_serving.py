@@ -38,6 +38,19 @@ def test_the_three_ways_write_the_same_tokens(shipped_char, trace):
     assert static.memory_share < cont.memory_share
 
 
+def test_the_teaching_decoder_runs_every_pass_through_the_model(shipped_char, trace, monkeypatch):
+    """decoder="model": prefills and decodes alike go through GPT.forward, never the lean step; same tokens."""
+    model, _ = shipped_char
+    fast = run_continuous(model, trace, num_blocks=32)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the lean step ran in an engine made with decoder='model'")
+    monkeypatch.setattr("kvlib.fast.PagedStep.__call__", refuse)
+    taught = run_continuous(model, trace, num_blocks=32, decoder="model")
+    assert taught.tokens == fast.tokens
+    assert taught.prefill_tokens > 0
+
+
 def test_finished_sequences_leave_at_once_and_free_their_blocks(shipped_char, trace):
     model, _ = shipped_char
     engine = Engine(model, 32)

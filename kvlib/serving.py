@@ -304,7 +304,11 @@ class RunResult:
     prefill_tokens: int = 0     # of which in prefills (prompts, and recomputation after preemption)
     prefix_hit_tokens: int = 0  # prompt tokens found in the pool instead of computed
     preemptions: int = 0
-    steps: int = 0
+    steps: int = 0              # forward passes
+    prefill_passes: int = 0     # of which prefills
+    prefill_seconds: float = 0.0  # wall time of the prefill passes (with the work around each)
+    decode_seconds: float = 0.0   # and of the decode passes
+    decode_tokens: int = 0      # tokens the decode passes wrote that a request kept
 
     @property
     def generated(self) -> int:
@@ -376,13 +380,19 @@ def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_s
         out.tokens[s.id], out.first_token[s.id], out.finish[s.id] = s.output, s.first_token, s.finish
         out.preemptions += s.preemptions
     out.prefix_hit_tokens = engine.cache.prefix_hit_tokens
+    before = 0.0  # the engine's clock when the pass began: the end of the one before
     for rec in engine.history:
         out.computed_tokens += rec.computed_tokens
         if rec.kind == "prefill":
             out.prefill_tokens += rec.computed_tokens
+            out.prefill_passes += 1
+            out.prefill_seconds += rec.time - before
         if rec.kind == "decode":
             out.used_positions += rec.used_positions
             out.real_tokens += rec.real_tokens
+            out.decode_tokens += rec.computed_tokens  # one a running sequence, each kept
+            out.decode_seconds += rec.time - before
+        before = rec.time
     out.steps = sum(rec.kind != "idle" for rec in engine.history)
     return out
 
@@ -396,11 +406,14 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, 
     block = model.config.block_size
     idx, mask = pad_prompts([r.prompt for r in batch])
     longest = max(r.max_new_tokens for r in batch)
+    start = clock.now()
 
     def on_token(step, new):
         now = clock.now()
-        for r in batch:
-            out.first_token.setdefault(r.id, now)
+        if step == 0:  # the prefill's token: the pass that chose it has ended
+            out.prefill_seconds += now - start
+            for r in batch:
+                out.first_token[r.id] = now
         out.used_positions += len(batch) * block
         out.real_tokens += sum(len(r.prompt) + min(step + 1, r.max_new_tokens) for r in batch)
 
@@ -410,9 +423,12 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, 
     for b, r in enumerate(batch):
         out.tokens[r.id] = result.new_tokens[b, :r.max_new_tokens].tolist()
         out.finish[r.id] = now
+    out.decode_seconds += now - out.first_token[batch[0].id]
     out.computed_tokens += idx.numel() + len(batch) * (longest - 1)
     out.prefill_tokens += idx.numel()
+    out.decode_tokens += sum(r.max_new_tokens - 1 for r in batch)
     out.steps += longest
+    out.prefill_passes += 1
 
 
 def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast") -> RunResult:

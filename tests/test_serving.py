@@ -51,6 +51,21 @@ def test_the_teaching_decoder_runs_every_pass_through_the_model(shipped_char, tr
     assert taught.prefill_tokens > 0
 
 
+def test_each_way_counts_its_prefills_and_decode_tokens(shipped_char, trace):
+    """Every kept token comes out of a prefill pass or a decode pass, and the two passes' times fit in the run."""
+    model, _ = shipped_char
+    at_once = [replace(r, arrival=0.0) for r in trace]
+    runs = {"one": run_one_at_a_time(model, at_once), "static": run_static_batching(model, at_once, 4),
+            "continuous": run_continuous(model, at_once, num_blocks=8, max_num_seqs=8)}
+    assert runs["continuous"].preemptions > 0
+    for name, run in runs.items():
+        # a prefill chooses one token for each sequence it (re)starts: each request once, once more per preemption
+        assert run.decode_tokens == run.generated - len(at_once) - run.preemptions, name
+        assert 0 < run.prefill_seconds and 0 < run.decode_seconds
+        assert run.prefill_seconds + run.decode_seconds <= run.makespan + 1e-9
+    assert runs["one"].prefill_passes == len(at_once) and runs["static"].prefill_passes == -(-len(at_once) // 4)
+
+
 def test_finished_sequences_leave_at_once_and_free_their_blocks(shipped_char, trace):
     model, _ = shipped_char
     engine = Engine(model, 32)

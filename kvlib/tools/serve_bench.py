@@ -47,7 +47,11 @@ def summarize(run: RunResult) -> dict:
             "mean_latency_s": sum(lat) / len(lat), "p95_latency_s": percentile(lat, 95),
             "mean_ttft_s": sum(ttft) / len(ttft), "p95_ttft_s": percentile(ttft, 95),
             "memory_share": run.memory_share, "forward_passes": run.steps,
-            "computed_tokens": run.computed_tokens, "preemptions": run.preemptions}
+            "computed_tokens": run.computed_tokens, "preemptions": run.preemptions,
+            "prefill_passes": run.prefill_passes, "prefill_tokens": run.prefill_tokens,
+            "prefill_share": run.prefill_seconds / run.makespan,
+            "decode_tokens_per_pass": run.decode_tokens / max(1, run.steps - run.prefill_passes),
+            "decode_tokens_per_s": run.decode_tokens / run.decode_seconds if run.decode_seconds else 0.0}
 
 
 def step_flops(config, batch_size: int, context: int) -> int:
@@ -229,6 +233,11 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
     fastest, span = min(((k, r.makespan) for k, v in every.items() for r in v), key=lambda kv: kv[1])
     pace = {"last_arrival_s": trace[-1].arrival, "shortest_run": fastest, "shortest_makespan_s": span,
             "server_bound": trace[-1].arrival <= SERVER_BOUND_SHARE * span}
+    # Where the time went: a whole run's tokens/s mixes the decode passes' speed with the prefills' share.
+    passes = {"decode_vs_one_at_a_time": summary["continuous"]["decode_tokens_per_s"]
+              / summary["one_at_a_time"]["decode_tokens_per_s"],
+              "decode_vs_static": summary["continuous"]["decode_tokens_per_s"] / summary["static"]["decode_tokens_per_s"],
+              "recomputed_tokens": summary["continuous"]["prefill_tokens"] - sum(len(r.prompt) for r in trace)}
     return {
         "trace": {"requests": len(trace), "rate_per_s": rate, "seed": seed,
                   "prompt_tokens": [len(r.prompt) for r in trace],
@@ -239,6 +248,7 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
                      "kv_positions": num_blocks * KV_BLOCK_SIZE, "max_num_seqs": max_num_seqs, "repeats": repeats},
         "memory_share_bound": {b: expected_share(trace, b) for b in (KV_BLOCK_SIZE, SMALL_BLOCK)},
         "runs": summary, "same_tokens": same, "verdicts": verdicts, "ttft_verdicts": ttft_verdicts, "pace": pace,
+        "passes": passes,
         "decode_step": step, "targets": targets,
         "machine": machine(),
     }
@@ -346,6 +356,16 @@ def format_report(report: dict) -> str:
                  f"({pace['shortest_run'].replace('_', ' ')}, {pace['shortest_makespan_s']:.2f} s): "
                  + ("requests queued, so tokens/s measure the server" if pace["server_bound"] else
                     "the arrivals, not only the server, set the pace; raise the rate to measure the server"))
+    lines.append("where each way's time went (its median run): prefill passes, their share of the run's time, and "
+                 "the decode passes' pace")
+    for key, r in report["runs"].items():
+        lines.append(f"  {names.get(key, r['name']):34} {r['prefill_passes']:3d} prefills {100 * r['prefill_share']:4.0f}% "
+                     f"of the time; decode passes {r['decode_tokens_per_pass']:5.1f} tokens each, "
+                     f"{r['decode_tokens_per_s']:6.0f} tokens/s")
+    ps = report["passes"]
+    lines.append(f"  continuous batching's decode passes alone: {ps['decode_vs_one_at_a_time']:.2f}x one at a time's, "
+                 f"{ps['decode_vs_static']:.2f}x static's; the whole-run ratios below also carry each way's prefills "
+                 f"(continuous batching's include {ps['recomputed_tokens']} tokens recomputed after preemptions)")
     bound = report["memory_share_bound"]
     lines.append("KV share that paging leaves on these lengths (each request's last block partly empty): "
                  + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in bound.items()))

@@ -94,6 +94,23 @@ def test_the_report_says_whether_requests_queued(report):
     assert "raise the rate to measure the server" in said[False]
 
 
+def test_the_report_splits_each_ways_time_into_prefills_and_decode_passes(report):
+    """The whole-run ratios mix two things; the report gives the decode passes' pace and the prefills' share apart."""
+    runs, n = report["runs"], len(report["trace"]["answer_tokens"])
+    for key, r in runs.items():
+        assert 0 < r["prefill_share"] < 1 and r["decode_tokens_per_s"] > 0
+        assert r["prefill_passes"] <= r["forward_passes"]
+    assert runs["one_at_a_time"]["prefill_passes"] == n                    # one prefill a request
+    assert runs["one_at_a_time"]["decode_tokens_per_pass"] == 1
+    assert runs["static"]["decode_tokens_per_pass"] <= report["settings"]["static_batch_size"]
+    ps = report["passes"]
+    assert ps["decode_vs_static"] == pytest.approx(runs["continuous"]["decode_tokens_per_s"]
+                                                   / runs["static"]["decode_tokens_per_s"])
+    assert ps["recomputed_tokens"] == runs["continuous"]["prefill_tokens"] - sum(report["trace"]["prompt_tokens"])
+    text = format_report(report)
+    assert "where each way's time went" in text and "decode passes alone" in text
+
+
 def test_step_products_are_the_steps_products(shipped_char, monkeypatch):
     """The products timed alone are every weight product of the lean step, with its shapes, and the
     head through the step's own head_logits."""

@@ -444,6 +444,7 @@ class PagedKVCache:
         with self.transaction():  # refused or interrupted: the reserved blocks and copies are undone
             return self._forward(model, self.batch(sids, new_tokens), decoder)
 
+    @torch.inference_mode()
     def _forward_own(self, model: GPT, sids: list, new_tokens: list[list[int]], decoder: str) -> torch.Tensor:
         """``forward`` for a caller whose sequences, tokens and model this cache has seen already (the
         serving engine's step: its requests were checked when added): the same pass, without checking them again."""

@@ -489,23 +489,79 @@ FAMILY_STYLE = {"quantised": ("tab:blue", "o"), "evicted": ("tab:green", "s"), "
 
 
 def plot_cache_tradeoff(table: dict) -> Figure:
-    """Memory cut (x) against the KL divergence from the full cache (y, log scale), one marker per setting.
+    """Memory cut (x) against the KL divergence from the full cache (y, log scale), one named marker per setting.
 
-    The full cache itself (no cut, KL 0) is the reference every point is measured against.
+    The full cache itself (no cut, KL 0) is the reference every point is measured against. A row's
+    ``short`` name, if it has one, is written beside its marker.
     """
     fig = Figure(figsize=(7.5, 4.6), layout="constrained")
     ax = fig.add_subplot()
+    named = []
     for family, (color, marker) in FAMILY_STYLE.items():
         rows = [r for r in table["rows"] if r["family"] == family]
         if rows:
-            ax.plot([100 * r["memory_cut"] for r in rows], [max(r["kl"], 1e-7) for r in rows], marker, color=color,
-                    ms=9, ls="none", label=family)
+            xy = [(100 * r["memory_cut"], max(r["kl"], 1e-7)) for r in rows]
+            ax.plot(*zip(*xy), marker, color=color, ms=MARKER_PT, ls="none", label=family)
+            named += [(x, y, r["short"]) for (x, y), r in zip(xy, rows) if r.get("short")]
     ax.set_yscale("log")
     ax.set_xlim(0, 100)
     ax.set_xlabel("memory cut against the float32 cache (%)")
     ax.set_ylabel("KL from the full cache (nats)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="upper left")
-    _set_title(ax, f"cost in quality against memory saved, {table['texts']} texts of {table['length']} tokens",
+    _set_title(ax, f"quality lost against memory saved, {table['texts']} texts × {table['length']} tokens",
                fig.get_figwidth() - 1.4)
+    _name_points(ax, named)
     return fig
+
+
+MARKER_PT = 9  # marker size of the scatter plots, points
+# Where a point's name may go, in points from the marker, tried in this order: right, left, then rows one line
+# up and down on either side (for markers that crowd), then centred above and below.
+_NAME_PLACES = ([((7, 0), "left", "center"), ((-7, 0), "right", "center")]
+                + [((dx, dy), "left" if dx > 0 else "right", "center")
+                   for k in (1, 2, 3) for dy in (14 * k, -14 * k) for dx in (7, -7)]
+                + [((0, 7), "center", "bottom"), ((0, -7), "center", "top")])
+
+
+def _name_points(ax, points: list[tuple[float, float, str]]) -> None:
+    """Write each name beside its marker at the first place (``_NAME_PLACES``) where it stays inside the axes and
+    meets no marker, legend or name placed before it; where none is free, at the place it overlaps least."""
+    if not points:
+        return
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ax.figure
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()  # the final layout: where every marker and the legend are
+    half = MARKER_PT / 2 * fig.dpi / 72 + 1  # a marker's half width in pixels, and a pixel to spare
+    markers = [(x - half, y - half, x + half, y + half) for x, y in ax.transData.transform([(x, y) for x, y, _ in points])]
+    taken = list(markers)
+    legend = ax.get_legend()
+    if legend is not None:
+        b = legend.get_window_extent(renderer)
+        taken.append((b.x0, b.y0, b.x1, b.y1))
+    box = ax.bbox
+
+    def overlap(b, others) -> float:
+        return sum(max(0.0, min(b[2], o[2]) - max(b[0], o[0])) * max(0.0, min(b[3], o[3]) - max(b[1], o[1]))
+                   for o in others)
+
+    for (x, y, name), own in zip(points, markers):
+        best = None
+        for offset, ha, va in _NAME_PLACES:
+            text = ax.annotate(name, (x, y), xytext=offset, textcoords="offset points", ha=ha, va=va, fontsize=SMALL)
+            text.set_in_layout(False)  # placed on the final layout: it must not move the axes
+            b = text.get_window_extent(renderer)
+            b = (b.x0, b.y0, b.x1, b.y1)
+            outside = max(0.0, box.x0 - b[0]) + max(0.0, b[2] - box.x1) + max(0.0, box.y0 - b[1]) + max(0.0, b[3] - box.y1)
+            cost = overlap(b, [t for t in taken if t != own]) + 1e6 * outside
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, text, b)
+            else:
+                text.remove()
+            if cost == 0:
+                break
+        taken.append(best[2])

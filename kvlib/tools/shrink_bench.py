@@ -47,6 +47,7 @@ class Setting:
     cache: type | None = None             # decode token by token through cache(config, B, T, **options)
     options: dict = field(default_factory=dict)
     model: str | None = None              # a converted model: "pooled:2", "latent:16" or a shipped name
+    short: str = ""                       # its name in the figure ("" for the reference, which is not plotted)
 
     @property
     def label(self) -> str:
@@ -59,20 +60,22 @@ def settings(length: int) -> list[Setting]:
     half = length // 2
     return [
         Setting("full cache", "float32", KVCache),
-        Setting("quantised", "8-bit", QuantizedKVCache, {"bits": 8}),
-        Setting("quantised", "4-bit", QuantizedKVCache, {"bits": 4}),
-        Setting("quantised", "2-bit", QuantizedKVCache, {"bits": 2}),
-        Setting("quantised", "2-bit, last 16 in float32", QuantizedKVCache, {"bits": 2, "window": 16}),
-        Setting("evicted", f"window of {half}", SlidingWindowCache, {"window": half}),
-        Setting("evicted", f"4 sinks + window of {half - 4}", SinkCache, {"sinks": 4, "window": half - 4}),
+        Setting("quantised", "8-bit", QuantizedKVCache, {"bits": 8}, short="8-bit"),
+        Setting("quantised", "4-bit", QuantizedKVCache, {"bits": 4}, short="4-bit"),
+        Setting("quantised", "2-bit", QuantizedKVCache, {"bits": 2}, short="2-bit"),
+        Setting("quantised", "2-bit, last 16 in float32", QuantizedKVCache, {"bits": 2, "window": 16},
+                short="2-bit + float32 window"),
+        Setting("evicted", f"window of {half}", SlidingWindowCache, {"window": half}, short="window"),
+        Setting("evicted", f"4 sinks + window of {half - 4}", SinkCache, {"sinks": 4, "window": half - 4},
+                short="sinks + window"),
         Setting("evicted", f"H2O: {half} kept, {half // 2} recent", HeavyHitterCache,
-                {"budget": half, "recent": half // 2}),
-        Setting("fewer heads", "GQA, 2 heads, pooled", model="pooled:2"),
-        Setting("fewer heads", "GQA, 2 heads, pooled + 200 steps", model="tang-char-gqa2"),
-        Setting("fewer heads", "MQA, 1 head, pooled", model="pooled:1"),
-        Setting("fewer heads", "MQA, 1 head, pooled + 200 steps", model="tang-char-mqa"),
-        Setting("latent", "r = 16, SVD", model="latent:16"),
-        Setting("latent", "r = 16, SVD + 200 steps", model="tang-char-mla"),
+                {"budget": half, "recent": half // 2}, short="H2O"),
+        Setting("fewer heads", "GQA, 2 heads, pooled", model="pooled:2", short="GQA, pooled"),
+        Setting("fewer heads", "GQA, 2 heads, pooled + 200 steps", model="tang-char-gqa2", short="GQA, trained"),
+        Setting("fewer heads", "MQA, 1 head, pooled", model="pooled:1", short="MQA, pooled"),
+        Setting("fewer heads", "MQA, 1 head, pooled + 200 steps", model="tang-char-mqa", short="MQA, trained"),
+        Setting("latent", "r = 16, SVD", model="latent:16", short="MLA, SVD"),
+        Setting("latent", "r = 16, SVD + 200 steps", model="tang-char-mla", short="MLA, trained"),
     ]
 
 
@@ -142,7 +145,7 @@ def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> 
             m = converted(model, s.model)
             logits = m(x)[0]  # a converted model's cached decoding equals its one pass (tests/test_compress.py)
             stored = m.new_cache(1).bytes_per_token
-        rows.append({"family": s.family, "setting": s.name, "label": s.label, "bytes_per_token": stored,
+        rows.append({"family": s.family, "setting": s.name, "label": s.label, "short": s.short, "bytes_per_token": stored,
                      "memory_cut": 1 - stored / full_bytes, **cache_cost(reference, logits, y)})
     return {"texts": B, "length": T, "full_bytes_per_token": full_bytes, "rows": rows, "papers": PAPERS}
 

@@ -128,12 +128,15 @@ SPEC_RESULTS = {name: [{"gamma": g, "tokens_per_call": t, "formula": f, "us_per_
                        for g, (t, f, us) in enumerate(rows, 1)] for name, rows in SPEC_ROWS.items()}
 PLAIN_US = 1555.0
 # notebook 9's table, as shrink_table returns it (the numbers of one run)
-SHRINK_ROWS = [("full cache", 0.0, 0.0), ("quantised", 0.688, 0.00001), ("quantised", 0.812, 0.0011),
-               ("quantised", 0.875, 0.0288), ("quantised", 0.583, 0.0007), ("evicted", 0.5, 0.023),
-               ("evicted", 0.5, 0.0154), ("evicted", 0.492, 0.011), ("fewer heads", 0.5, 1.21),
-               ("fewer heads", 0.5, 0.2), ("fewer heads", 0.75, 1.7), ("fewer heads", 0.75, 0.4), ("latent", 0.938, 0.64),
-               ("latent", 0.938, 0.15)]
-SHRINK_TABLE = {"texts": 50, "length": 48, "rows": [{"family": f, "memory_cut": c, "kl": k} for f, c, k in SHRINK_ROWS]}
+SHRINK_ROWS = [("full cache", 0.0, 0.0, ""), ("quantised", 0.688, 0.00001, "8-bit"), ("quantised", 0.812, 0.0011, "4-bit"),
+               ("quantised", 0.875, 0.0288, "2-bit"), ("quantised", 0.583, 0.0007, "2-bit + float32 window"),
+               ("evicted", 0.5, 0.023, "window"), ("evicted", 0.5, 0.0154, "sinks + window"),
+               ("evicted", 0.492, 0.011, "H2O"), ("fewer heads", 0.5, 1.21, "GQA, pooled"),
+               ("fewer heads", 0.5, 0.2, "GQA, trained"), ("fewer heads", 0.75, 1.7, "MQA, pooled"),
+               ("fewer heads", 0.75, 0.4, "MQA, trained"), ("latent", 0.938, 0.64, "MLA, SVD"),
+               ("latent", 0.938, 0.15, "MLA, trained")]
+SHRINK_TABLE = {"texts": 50, "length": 48,
+                "rows": [{"family": f, "memory_cut": c, "kl": k, "short": n} for f, c, k, n in SHRINK_ROWS]}
 HISTORY = [{"step": s, "train_loss": 8.0 * 0.995**s + 3.2, "val_loss": 8.0 * 0.995**s + 3.3 if s % 250 == 0 else None}
            for s in range(1, 3001)]
 
@@ -208,6 +211,17 @@ def test_compared_panels_share_their_x_axis(figures):
             assert len({ax.get_xlim() for ax in fig.axes}) == 1, name
             checked += 1
     assert checked >= 8
+
+
+def test_every_point_of_the_tradeoff_is_named_without_collisions():
+    """Each setting's name beside its marker, even where markers crowd (one spot, several names)."""
+    fig = plots.plot_cache_tradeoff(SHRINK_TABLE)
+    names = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(names) == sorted(n for *_, n in SHRINK_ROWS if n)
+    crowded = {"texts": 3, "length": 8, "rows": [{"family": "evicted", "memory_cut": 0.5, "kl": 0.02, "short": f"name {i}"}
+                                                 for i in range(5)]}
+    fig = plots.plot_cache_tradeoff(crowded)
+    assert len(fig.axes[0].texts) == 5 and figure_problems(fig) == []
 
 
 def test_the_checker_finds_what_it_is_for():

@@ -1,6 +1,7 @@
 """The exercise checks answer back: right solutions pass, wrong ones are named with what went wrong."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvlib import KVCache
@@ -98,6 +99,67 @@ def test_the_filter_checks_pass_the_library_and_name_what_a_wrong_filter_keeps(c
     assert "dropped but should be kept" in capsys.readouterr().out
     assert not check_top_p(lambda scores, p: scores * 2)
     assert "the kept scores changed" in capsys.readouterr().out or "kept" in capsys.readouterr().out
+
+
+def _top_p_by_hand(scores, p, dtype=torch.float32, ties_to_higher_ids=False):
+    """A correct top-p a learner might write: its own dtype, and its own order among tied scores."""
+    if p == 1:
+        return scores.clone()
+    probs = scores.to(dtype).softmax(-1)
+    if ties_to_higher_ids:  # a flipped vocabulary: among equal probabilities the higher id comes first
+        sorted_probs, order = probs.flip(-1).sort(dim=-1, descending=True, stable=True)
+        order = probs.shape[-1] - 1 - order
+    else:
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= p           # keep while the mass before it is below p
+    drop[:, 0] = False
+    return scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+
+
+def _top_p_ascending(scores, p):
+    """The rule written the other way round, as transformers does: drop the tail whose mass is at most 1 - p."""
+    if p == 1:
+        return scores.clone()
+    sorted_scores, order = scores.sort(-1, descending=False)
+    tail = sorted_scores.double().softmax(-1).cumsum(-1) <= 1 - p
+    tail[:, -1] = False
+    return scores.masked_fill(torch.zeros_like(tail).scatter(-1, order, tail), float("-inf"))
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("float64", lambda s, p: _top_p_by_hand(s, p, torch.float64)),
+    ("float32", lambda s, p: _top_p_by_hand(s, p, torch.float32)),
+    ("ties to the higher ids", lambda s, p: _top_p_by_hand(s, p, torch.float64, ties_to_higher_ids=True)),
+    ("ascending, as transformers", _top_p_ascending),
+])
+def test_a_correct_top_p_passes_in_either_precision_and_any_order_of_ties(name, fn, capsys):
+    assert check_top_p(fn), capsys.readouterr().out
+    assert check_top_p(top_p_filter)
+
+
+def test_the_top_p_check_keeps_its_values_of_p_away_from_every_boundary():
+    from kvlib.notebook.exercises import TOP_P_SETTINGS, _filter_cases
+
+    for case, scores in _filter_cases().items():
+        for row in scores:
+            probs = row.double().softmax(-1).sort(descending=True).values
+            before = probs.cumsum(0) - probs                     # each prefix mass, in float64
+            for p in TOP_P_SETTINGS:
+                if p < 1:
+                    assert (before - p).abs().min() > 1e-3, (case, p)
+
+
+def test_the_top_p_check_still_counts_the_tokens_of_a_flat_row(capsys):
+    def one_too_many(scores, p):  # keeps the token after the one that crosses p
+        kept = torch.isfinite(top_p_filter(scores, p))
+        probs = scores.softmax(-1)
+        order = probs.sort(dim=-1, descending=True, stable=True).indices
+        n = kept.sum(-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+        kept.scatter_(-1, order.gather(-1, n), True)
+        return scores.masked_fill(~kept, float("-inf"))
+
+    assert not check_top_p(one_too_many)
+    assert "a flat row" in capsys.readouterr().out
 
 
 def test_the_hook_checks_tell_a_form_kept_from_a_form_broken(shipped_char, capsys):

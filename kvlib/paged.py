@@ -514,30 +514,35 @@ class PagedBatch:
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
         self._advanced = False
         b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]
-        # Plain Python first, then one tensor each: this runs before every decode step. Numbers go into an
-        # array.array, which torch reads in one copy (torch.tensor of a list costs a third of a µs an item),
-        # and a block's slots are a slice of the pool's slot_ids (a copy in C, not a loop in Python).
+        # This runs before every decode step. Python only gathers each row's tokens and blocks into flat
+        # arrays (torch reads an array.array in one copy; torch.tensor of a list costs a third of a µs an
+        # item), and a few whole-batch tensor operations lay them out.
         n_new = [len(t) for t in new_tokens]
         totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
         B, T, S = len(sids), max(n_new), max(totals)
         self.length, self.max_len = S - T, S  # GPT.forward: positions start at length, S keys in all
-        slot_ids = cache.pool.slot_ids
-        idx, slots, positions, new = array("q"), array("q"), array("q"), array("q")
-        for r, (table, total, tokens) in enumerate(zip(tables, totals, new_tokens)):
+        nb = ceil_div(S, b)                                                    # blocks of the longest row
+        idx, blocks = array("q"), array("q")
+        for table, total, tokens in zip(tables, totals, new_tokens):
             idx.extend(repeat(0, T - len(tokens)))
             idx.extend(tokens)
-            slots.extend(repeat(table.blocks[0] * b, S - total))  # padding reads position 0, hidden by the mask
-            for i, block in enumerate(table.blocks[:ceil_div(total, b)]):
-                slots.extend(slot_ids[block * b:block * b + min(b, total - i * b)])
-            positions.extend(max(0, p) for p in range(total - T, total))
-            for j in range(T - len(tokens), T):
-                new.extend((r, j, slots[r * S + S - T + j]))
+            used = table.blocks[:ceil_div(total, b)]
+            blocks.extend(used)
+            blocks.extend(repeat(used[0], nb - len(used)))                    # never read: past the row's end
         self.idx = _longs(idx, B, T)                                           # (B, T), left-padded
-        self._read = _longs(slots, B * S)                                      # (B * S,) for index_select
-        self.read_slots = self._read.view(B, S)                                # (B, S): the slot of every column
-        self.position_ids = _longs(positions, B, T)                            # (B, T)
-        self.key_mask = None if min(totals) == S else torch.arange(S) >= _longs(array("q", [S - t for t in totals]), B, 1)
-        self.write_rows, self.write_cols, self.write_slots = _longs(new, len(new) // 3, 3).unbind(1)  # (N,) each
+        col = torch.arange(S) - _longs(array("q", [S - t for t in totals]), B, 1)  # (B, S): position in the row, < 0 padding
+        slots = (_longs(blocks, B, nb, 1) * b + torch.arange(b)).view(B, nb * b)   # (B, nb * b): every slot of its blocks
+        self.read_slots = slots.gather(1, col.clamp(min=0))                    # (B, S); padding reads the row's first slot
+        self._read = self.read_slots.view(B * S)                               # (B * S,) for index_select
+        self.position_ids = col[:, S - T:].clamp(min=0)                        # (B, T)
+        self.key_mask = None if min(totals) == S else col >= 0                 # (B, S) or None
+        if T == 1:                                                             # a decode step: every row has one
+            self.write_rows, self.write_cols = torch.arange(B), torch.zeros(B, dtype=torch.long)
+            self.write_slots = self.read_slots[:, -1].contiguous()
+        else:                                                                  # row r's new tokens: its last n_r columns
+            new = torch.arange(T) >= _longs(array("q", [T - n for n in n_new]), B, 1)  # (B, T)
+            self.write_rows, self.write_cols = new.nonzero().unbind(1)         # (N,) each, row by row
+            self.write_slots = self.read_slots[:, S - T:][new]                 # (N,)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D).

@@ -309,6 +309,7 @@ class RunResult:
     prefill_seconds: float = 0.0  # wall time of the prefill passes (with the work around each)
     decode_seconds: float = 0.0   # and of the decode passes
     decode_tokens: int = 0      # tokens the decode passes wrote that a request kept
+    decode_rows: int = 0        # rows the decode passes computed: kept tokens, and a static batch's finished rows
 
     @property
     def generated(self) -> int:
@@ -391,6 +392,7 @@ def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_s
             out.used_positions += rec.used_positions
             out.real_tokens += rec.real_tokens
             out.decode_tokens += rec.computed_tokens  # one a running sequence, each kept
+            out.decode_rows += rec.computed_tokens
             out.decode_seconds += rec.time - before
         before = rec.time
     out.steps = sum(rec.kind != "idle" for rec in engine.history)
@@ -427,6 +429,7 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, 
     out.computed_tokens += idx.numel() + len(batch) * (longest - 1)
     out.prefill_tokens += idx.numel()
     out.decode_tokens += sum(r.max_new_tokens - 1 for r in batch)
+    out.decode_rows += len(batch) * (longest - 1)
     out.steps += longest
     out.prefill_passes += 1
 

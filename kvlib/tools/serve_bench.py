@@ -51,7 +51,18 @@ def summarize(run: RunResult) -> dict:
             "prefill_passes": run.prefill_passes, "prefill_tokens": run.prefill_tokens,
             "prefill_share": run.prefill_seconds / run.makespan,
             "decode_tokens_per_pass": run.decode_tokens / max(1, run.steps - run.prefill_passes),
-            "decode_tokens_per_s": run.decode_tokens / run.decode_seconds if run.decode_seconds else 0.0}
+            "decode_tokens_per_s": run.decode_tokens / run.decode_seconds if run.decode_seconds else 0.0,
+            "decode_rows_per_pass": run.decode_rows / max(1, run.steps - run.prefill_passes),
+            "decode_row_us": 1e6 * run.decode_seconds / run.decode_rows if run.decode_rows else 0.0,
+            "decode_busy_share": run.decode_tokens / run.decode_rows if run.decode_rows else 0.0}
+
+
+def pace_factors(fast: dict, slow: dict) -> dict:
+    """Why one way's decode passes outpace another's (two :func:`summarize` rows): the ratio of their paces is
+    exactly the ratio of their rows' busy shares (rows that write a kept token) times the inverse ratio of
+    a row's cost (the bigger the batch, the less a row may cost)."""
+    busy, cost = fast["decode_busy_share"] / slow["decode_busy_share"], slow["decode_row_us"] / fast["decode_row_us"]
+    return {"busy": busy, "row_cost": cost, "pace": busy * cost}
 
 
 def step_flops(config, batch_size: int, context: int) -> int:
@@ -237,6 +248,7 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
     passes = {"decode_vs_one_at_a_time": summary["continuous"]["decode_tokens_per_s"]
               / summary["one_at_a_time"]["decode_tokens_per_s"],
               "decode_vs_static": summary["continuous"]["decode_tokens_per_s"] / summary["static"]["decode_tokens_per_s"],
+              "factors": {k: pace_factors(summary["continuous"], summary[k]) for k in ("one_at_a_time", "static")},
               "recomputed_tokens": summary["continuous"]["prefill_tokens"] - sum(len(r.prompt) for r in trace)}
     return {
         "trace": {"requests": len(trace), "rate_per_s": rate, "seed": seed,
@@ -366,6 +378,14 @@ def format_report(report: dict) -> str:
     lines.append(f"  continuous batching's decode passes alone: {ps['decode_vs_one_at_a_time']:.2f}x one at a time's, "
                  f"{ps['decode_vs_static']:.2f}x static's; the whole-run ratios below also carry each way's prefills "
                  f"(continuous batching's include {ps['recomputed_tokens']} tokens recomputed after preemptions)")
+    cont = report["runs"]["continuous"]
+    for key, f in ps["factors"].items():
+        r = report["runs"][key]
+        lines.append(f"  its pace over {key.replace('_', ' ')}'s, {f['pace']:.2f}x = {f['busy']:.2f} "
+                     f"(rows writing a kept token: {100 * cont['decode_busy_share']:.0f}% against "
+                     f"{100 * r['decode_busy_share']:.0f}%) x {f['row_cost']:.2f} (a row costs {r['decode_row_us']:.0f} µs "
+                     f"in passes of {r['decode_rows_per_pass']:.1f} rows, {cont['decode_row_us']:.0f} µs in passes of "
+                     f"{cont['decode_rows_per_pass']:.1f})")
     bound = report["memory_share_bound"]
     lines.append("KV share that paging leaves on these lengths (each request's last block partly empty): "
                  + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in bound.items()))

@@ -198,3 +198,16 @@ def test_runs_take_turns_and_the_median_run_is_reported():
     r = SimpleNamespace(prompt=[0] * 3, max_new_tokens=2)  # holds 4, then 5 tokens
     assert expected_share([r], 4) == pytest.approx(9 / 12)
     assert expected_share([r], 1) == 1.0
+
+
+def test_the_decode_pace_ratio_splits_into_busy_rows_and_a_rows_cost(report):
+    """Continuous batching's decode pace over another way's is the product of its two printed factors."""
+    runs, f = report["runs"], report["passes"]["factors"]
+    assert runs["one_at_a_time"]["decode_busy_share"] == 1 and runs["one_at_a_time"]["decode_rows_per_pass"] == 1
+    assert runs["continuous"]["decode_busy_share"] == 1                  # its finished rows leave at once
+    assert 0 < runs["static"]["decode_busy_share"] < 1                   # a static batch keeps its finished rows
+    assert runs["static"]["decode_rows_per_pass"] <= report["settings"]["static_batch_size"]
+    for key in ("one_at_a_time", "static"):
+        pace = runs["continuous"]["decode_tokens_per_s"] / runs[key]["decode_tokens_per_s"]
+        assert f[key]["pace"] == pytest.approx(pace) == pytest.approx(f[key]["busy"] * f[key]["row_cost"])
+    assert "rows writing a kept token" in format_report(report)

@@ -75,7 +75,6 @@ class BlockPool:
         shape = (config.n_layer, num_blocks * kv_block_size, 2, config.n_head, config.head_size)
         self.kv = torch.zeros(shape, device=device, dtype=dtype)  # a slot's key and value side by side
         self.k, self.v = self.kv.unbind(2)                        # (L, N * b, H, D) each, views of it
-        self.slot_ids = array("q", range(shape[1]))  # 0, 1, 2, ...: slices of it are blocks' slots, copied fast
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_fresh: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # block id -> None, oldest first
@@ -515,8 +514,8 @@ class PagedBatch:
         self._advanced = False
         b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]
         # This runs before every decode step. Python only gathers each row's tokens and blocks into flat
-        # arrays (torch reads an array.array in one copy; torch.tensor of a list costs a third of a µs an
-        # item), and a few whole-batch tensor operations lay them out.
+        # arrays (a tensor over an array.array is made without a copy; torch.tensor of a list costs a third
+        # of a µs an item), and a few whole-batch tensor operations lay them out.
         n_new = [len(t) for t in new_tokens]
         totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
         B, T, S = len(sids), max(n_new), max(totals)
@@ -530,16 +529,16 @@ class PagedBatch:
             blocks.extend(used)
             blocks.extend(repeat(used[0], nb - len(used)))                    # never read: past the row's end
         self.idx = _longs(idx, B, T)                                           # (B, T), left-padded
-        col = torch.arange(S) - _longs(array("q", [S - t for t in totals]), B, 1)  # (B, S): position in the row, < 0 padding
-        slots = (_longs(blocks, B, nb, 1) * b + torch.arange(b)).view(B, nb * b)   # (B, nb * b): every slot of its blocks
-        self.read_slots = slots.gather(1, col.clamp(min=0))                    # (B, S); padding reads the row's first slot
+        col = torch.arange(S) - _longs(array("q", [S - t for t in totals]), B, 1)  # (B, S): position, < 0 padding
+        slots = (_longs(blocks, B, nb, 1) * b + torch.arange(b)).view(B, nb * b)   # (B, nb * b): its blocks' slots
+        self.read_slots = slots.gather(1, col.clamp(min=0))                    # (B, S); padding reads slot 0 of the row
         self._read = self.read_slots.view(B * S)                               # (B * S,) for index_select
         self.position_ids = col[:, S - T:].clamp(min=0)                        # (B, T)
         self.key_mask = None if min(totals) == S else col >= 0                 # (B, S) or None
         if T == 1:                                                             # a decode step: every row has one
             self.write_rows, self.write_cols = torch.arange(B), torch.zeros(B, dtype=torch.long)
             self.write_slots = self.read_slots[:, -1].contiguous()
-        else:                                                                  # row r's new tokens: its last n_r columns
+        else:                                                                  # row r's new tokens: its last n_r
             new = torch.arange(T) >= _longs(array("q", [T - n for n in n_new]), B, 1)  # (B, T)
             self.write_rows, self.write_cols = new.nonzero().unbind(1)         # (N,) each, row by row
             self.write_slots = self.read_slots[:, S - T:][new]                 # (N,)

@@ -20,180 +20,12 @@ from ..decoding import generate
 from ..paged import ceil_div
 from ..poems import encode_prompt
 
-DECODE_PROMPTS = ("床前看月光，", "白日依山尽，黄河入海", "春")
 
+# ---- calling the learner's code, and reading what it gave back ------------------------------------------
 
 def _show(ids, tokenizer) -> str:
     return "「" + tokenizer.decode(ids).replace("\n", "⏎") + "」"
 
-
-def check_cached_greedy(fn, model, tokenizer, n_new: int = 12, prompts=DECODE_PROMPTS) -> bool:
-    """``fn(model, idx, n_new) -> list[int]``: greedy decoding written by hand over a ``KVCache``.
-
-    Compared with ``generate(model, idx, n_new, temperature=0.0)`` on each prompt: the new token ids
-    must be equal. A mismatch is reported with the prompt, the step where the two first differ, and
-    both texts; an exception is reported with its type and message.
-    """
-    passed = True
-    for text in prompts:
-        idx = torch.tensor([encode_prompt(tokenizer, text)])
-        expected = generate(model, idx, n_new, temperature=0.0).new_tokens[0].tolist()
-        try:
-            got = fn(model, idx, n_new)
-            got = got.flatten().tolist() if isinstance(got, torch.Tensor) else list(got)
-        except Exception as e:  # the learner's code: say what it raised, and go on
-            print(f"✗ prompt 「{text}」: your function raised {type(e).__name__}: {e}")
-            passed = False
-            continue
-        if got == expected:
-            print(f"✓ prompt 「{text}」: the same {n_new} tokens as generate: {_show(got, tokenizer)}")
-            continue
-        passed = False
-        if len(got) != len(expected):
-            print(f"✗ prompt 「{text}」: expected {len(expected)} new token ids, got {len(got)}")
-            continue
-        step = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-        print(f"✗ prompt 「{text}」: the tokens differ from step {step} on: expected "
-              f"{_show(expected, tokenizer)}, got {_show(got, tokenizer)}. "
-              + ("Step 0 comes from the prefill: take the last row of its logits."
-                 if step == 0 else "Feed only the new token at each decode step; the cache holds the rest."))
-    return passed
-
-
-def _filter_cases(vocab: int = 50):
-    """Scores with known answers: distinct values, ties, one sure favourite, a flat row; (B, V) each."""
-    g = torch.Generator().manual_seed(0)
-    spread = torch.randn(3, vocab, generator=g) * 2                          # distinct values
-    tied = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.0] + [-5.0] * (vocab - 5)])  # three tokens tie
-    sure = torch.full((1, vocab), -10.0).index_fill_(1, torch.tensor([7]), 10.0)
-    flat = torch.zeros(1, vocab)
-    return {"distinct scores": spread, "a three-way tie": tied, "one sure token": sure, "a flat row": flat}
-
-
-def _kept(row: torch.Tensor) -> list[int]:
-    return torch.isfinite(row).nonzero().flatten().tolist()
-
-
-def _same_kept(row: torch.Tensor, want: list[int], have: list[int]) -> bool:
-    """As many kept tokens as the reference, with the same scores: tied tokens are interchangeable.
-
-    Which of several equal scores a filter keeps is decided by its sort (the library's stable sort keeps
-    the lower ids); any choice among ties is accepted, so a flat row asks only for the right count.
-    """
-    return len(want) == len(have) and torch.equal(row[want].sort().values, row[have].sort().values)
-
-
-def _check_filter(fn, reference, settings, name: str) -> bool:
-    passed = True
-    for case, scores in _filter_cases().items():
-        for s in settings:
-            expected = reference(scores, s)
-            try:
-                got = fn(scores.clone(), s)
-            except Exception as e:
-                print(f"✗ {case}, {name} = {s}: your function raised {type(e).__name__}: {e}")
-                passed = False
-                continue
-            if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
-                print(f"✗ {case}, {name} = {s}: expected a tensor of shape {tuple(scores.shape)}, "
-                      f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}")
-                passed = False
-                continue
-            for b in range(scores.shape[0]):
-                want, have = _kept(expected[b]), _kept(got[b])
-                if not _same_kept(scores[b], want, have):
-                    extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
-                    print(f"✗ {case}, row {b}, {name} = {s}: kept {len(have)} tokens, expected {len(want)}"
-                          + (f"; kept but should be dropped: {extra[:8]}" if extra else "")
-                          + (f"; dropped but should be kept: {missing[:8]}" if missing else ""))
-                    passed = False
-                    break
-                if not torch.equal(got[b][have], scores[b][have]):
-                    print(f"✗ {case}, row {b}, {name} = {s}: the kept scores changed; a filter only drops tokens")
-                    passed = False
-                    break
-    if passed:
-        print(f"✓ the same kept tokens as the library's filter in every case ({', '.join(_filter_cases())})")
-    return passed
-
-
-def check_top_k(fn) -> bool:
-    """``fn(scores (B, V), k) -> scores`` with all but the k largest set to -inf (ties with the k-th kept)."""
-    from ..sampling import top_k_filter
-
-    return _check_filter(fn, top_k_filter, (1, 2, 5, 50), "k")
-
-
-# Values of p for check_top_p, each far from every mass a case's favourites add up to (the flat row's
-# 50 tokens of 0.02 reach every multiple of 0.02): there the answer would be decided by rounding, and a
-# correct filter in float64, or one that sums in another order, could keep one token more or fewer.
-TOP_P_SETTINGS = (0.23, 0.47, 0.87, 1.0)
-
-
-def check_top_p(fn) -> bool:
-    """``fn(scores (B, V), p) -> scores``: the smallest set of favourites holding at least ``p`` (the token
-    that crosses ``p`` is kept; ``p`` = 1 keeps every token), the rest set to -inf.
-
-    Every ``p`` tried is at least 0.002 away from each case's prefix masses, so float32 or float64, either
-    order of summing, gives the same count; among tied scores any tokens may be kept."""
-    from ..sampling import top_p_filter
-
-    return _check_filter(fn, top_p_filter, TOP_P_SETTINGS, "p")
-
-
-def _write_with(hook, model, tokenizer, n_new: int, seed: int) -> str | None:
-    """A new poem written with the learner's hook at temperature 1, or None (said why) if the hook failed."""
-    try:
-        out = generate(model, torch.tensor([[tokenizer.eos_id]]), n_new, temperature=1.0, logits_hook=hook,
-                       generator=torch.Generator().manual_seed(seed))
-    except Exception as e:  # the learner's code: say what it raised
-        print(f"✗ seed {seed}: generate with your hook raised {type(e).__name__}: {e}")
-        return None
-    return tokenizer.decode(out.new_tokens[0].tolist())
-
-
-def check_quatrain_hook(hook, model, tokenizer, chars_per_line: int = 7, seeds=(0, 1, 2)) -> bool:
-    """A logits hook for a fixed-format quatrain: ，or 。 exactly after every ``chars_per_line`` characters
-    (the last one 。), no punctuation anywhere else. Run with ``generate`` from the poem separator."""
-    from ..tokenizer import is_ideograph
-
-    n = 4 * (chars_per_line + 1)
-    ends = {(chars_per_line + 1) * i for i in range(1, 5)}
-    passed = True
-    for seed in seeds:
-        poem = _write_with(hook, model, tokenizer, n, seed)
-        if poem is None:
-            return False
-        wrong = [i + 1 for i, ch in enumerate(poem) if (i + 1 in ends) == is_ideograph(ch)]
-        if wrong or not poem.endswith("。") or any(poem[i - 1] not in "，。" for i in ends):
-            print(f"✗ seed {seed}: 「{poem}」: positions {wrong[:8] or [n]} break the form (punctuation must "
-                  f"be ，or 。 at {sorted(ends)} and 。 at {n}, characters everywhere else)")
-            passed = False
-        else:
-            print(f"✓ seed {seed}: 「{poem}」")
-    return passed
-
-
-def check_no_repeat_hook(hook, model, tokenizer, seeds=(0, 1, 2), n_new: int = 40) -> bool:
-    """A logits hook that forbids any Chinese character already in the text (punctuation may repeat)."""
-    from ..tokenizer import is_ideograph
-
-    passed = True
-    for seed in seeds:
-        text = _write_with(hook, model, tokenizer, n_new, seed)
-        if text is None:
-            return False
-        chars = [ch for ch in text if is_ideograph(ch)]
-        repeats = sorted({ch for ch in chars if chars.count(ch) > 1})
-        if repeats:
-            print(f"✗ seed {seed}: 「{text}」 repeats {'、'.join(repeats[:8])}")
-            passed = False
-        else:
-            print(f"✓ seed {seed}: {len(chars)} characters, none repeated")
-    return passed
-
-
-# ---- answers that are numbers, and small functions with known answers (notebooks 1, 5, 6 and 8) -----------
 
 def _brief(value) -> str:
     """A short description of whatever the learner's code gave back."""
@@ -254,8 +86,54 @@ def _as_int(value) -> int | None:
     return int(value) if float(value) == int(value) else None
 
 
+def _as_bool(value) -> bool | None:
+    """``value`` as a bool (True/False, a numpy bool, a one-element boolean tensor), or None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
+        return bool(value.item())
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        return bool(value)
+    return None
+
+
+def _as_list(value) -> list | None:
+    """A list, tuple, one-dimensional tensor or numpy array as a list; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist() if value.dim() == 1 else None
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1:
+        return value.tolist()
+    return list(value) if isinstance(value, (list, tuple)) else None
+
+
+def _as_ints(value) -> list[int | None] | None:
+    """A list, tuple, tensor or array as a list of whole numbers (None for an item that is not one), or None."""
+    items = value.flatten().tolist() if isinstance(value, torch.Tensor) else _as_list(value)
+    return None if items is None else [_as_int(x) for x in items]
+
+
+def _hints(got: float, candidates, close) -> str:
+    """Every hint whose mistaken value ``got`` matches, as sentences ("" if none does)."""
+    said = list(dict.fromkeys(h for value, h in candidates if close(got, value)))
+    return "".join(f". {h[0].upper()}{h[1:]}" for h in said)
+
+
 def _close(got: float, want: float, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
     return abs(got - want) <= abs_ + rel * abs(want)
+
+
+
+def _number_case(fn, args: tuple, label: str, name: str, close, said: str, expected: str, hint) -> bool:
+    """One case whose answer is a number: ✓ with ``said``, or ✗ with the expected, the actual and ``hint(got)``."""
+    ok, got = _call(fn, *args, label=label)
+    if not ok:
+        return False
+    got = _as_number(got, f"{label}: {name}")
+    if got is None:
+        return False
+    if close(got):
+        print(f"✓ {label}: {said}")
+        return True
+    print(f"✗ {label}: expected {expected}, got {got:,.6g}" + hint(got))
+    return False
 
 
 # notebook 1 ------------------------------------------------------------------------------------------------
@@ -300,6 +178,11 @@ def check_rank(fn, model, tokenizer, cases=RANK_CASES) -> bool:
         if rank == want_rank - 1:
             hints.append("ranks count from 1: the most likely token has rank 1, so add one to the number of "
                          "tokens that are more likely")
+        if rank == want_rank + 1:
+            hints.append("count only the tokens strictly more likely than it (the character itself is not one of "
+                         "them), then add one")
+        if want_p > 0 and _close(p, math.log(want_p)):
+            hints.append("that is a log-probability: give the probability itself (its exp)")
         if _close(p, 100 * want_p):
             hints.append("give the probability as a fraction between 0 and 1, not as a percentage")
         other_rank, other_p = rank_of(model, tokenizer, text, char, opening=not opening)
@@ -338,6 +221,9 @@ def check_followers(fn, model, tokenizer, poems, texts=("明月", "春风", "白
             continue
         problems = []
         for i, ((ch, share, p), (want_ch, want_share, want_p)) in enumerate(zip(rows, want)):
+            if not isinstance(ch, str):
+                problems.append(f"place {i + 1}: the character must be a str such as {want_ch!r}, got {_brief(ch)}")
+                continue
             if ch != want_ch and counts.get(ch) != counts[want_ch]:  # a tie may come in either order
                 problems.append(f"place {i + 1} should be {want_ch!r} (follows {text} {counts[want_ch]:,} times), "
                                 f"got {ch!r} ({counts.get(ch, 0):,} times)")
@@ -399,11 +285,306 @@ def check_half_cover(fn, model=None, tokenizer=None, prompts=("白日依山尽�
             continue
         passed = False
         unsorted = int((probs.cumsum(0) < 0.5).sum()) + 1
-        hint = ("sort the probabilities from the largest down before adding them up" if n == unsorted and n != want
-                else "count the token that brings the total to one half, and stop there" if n == want + 1 or
+        rising = int((probs.sort().values.cumsum(0) < 0.5).sum()) + 1    # sorted from the smallest up
+        hint = ("sort the probabilities from the largest down before adding them up" if n in (unsorted, rising)
+                and n != want else "count the token that brings the total to one half, and stop there" if n == want + 1 or
                 n == want - 1 else "")
         print(f"✗ {name}: expected {want:,}, got {_brief(got) if n is None else f'{n:,}'}" + (f". {hint[0].upper()}{hint[1:]}"
                                                                                              if hint else ""))
+    return passed
+
+
+# notebook 2 ------------------------------------------------------------------------------------------------
+
+def _filter_cases(vocab: int = 50):
+    """Scores with known answers: distinct values, ties, one sure favourite, a flat row; (B, V) each."""
+    g = torch.Generator().manual_seed(0)
+    spread = torch.randn(3, vocab, generator=g) * 2                          # distinct values
+    tied = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.0] + [-5.0] * (vocab - 5)])  # three tokens tie
+    sure = torch.full((1, vocab), -10.0).index_fill_(1, torch.tensor([7]), 10.0)
+    flat = torch.zeros(1, vocab)
+    return {"distinct scores": spread, "a three-way tie": tied, "one sure token": sure, "a flat row": flat}
+
+
+def _kept(row: torch.Tensor) -> list[int]:
+    return torch.isfinite(row).nonzero().flatten().tolist()
+
+
+def _same_kept(row: torch.Tensor, want: list[int], have: list[int]) -> bool:
+    """As many kept tokens as the reference, with the same scores: tied tokens are interchangeable.
+
+    Which of several equal scores a filter keeps is decided by its sort (the library's stable sort keeps
+    the lower ids); any choice among ties is accepted, so a flat row asks only for the right count.
+    """
+    return len(want) == len(have) and torch.equal(row[want].sort().values, row[have].sort().values)
+
+
+def _check_filter(fn, reference, settings, name: str, hint=None, tolerated=None) -> bool:
+    """Every case and setting through ``fn`` against ``reference``; one line per failing case and row.
+
+    ``hint(row, want, have, s)`` may name a known mistake; ``tolerated(row, have, s)`` accepts a kept set that
+    differs from the reference's only by float rounding."""
+    passed = True
+    for case, scores in _filter_cases().items():
+        for s in settings:
+            expected = reference(scores, s)
+            label = f"{case}, {name} = {s}"
+            ok, got = _call(fn, scores.clone(), s, label=label)
+            if not ok:
+                passed = False
+                continue
+            if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
+                print(f"✗ {label}: expected a tensor of shape {tuple(scores.shape)}, "
+                      f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}")
+                passed = False
+                continue
+            for b in range(scores.shape[0]):
+                want, have = _kept(expected[b]), _kept(got[b])
+                if not _same_kept(scores[b], want, have) and not (tolerated and tolerated(scores[b], have, s)):
+                    extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+                    huge = torch.isfinite(got[b]) & (got[b] <= -1e4)  # "dropped" with a big negative number
+                    said = (". Set a dropped token's score to float('-inf'): a large negative number still counts "
+                            "as kept" if huge.any() and _same_kept(scores[b], want, _kept(got[b].masked_fill(huge, float("-inf"))))
+                            else hint(scores[b], want, have, s) if hint else "")
+                    print(f"✗ {case}, row {b}, {name} = {s}: kept {len(have)} tokens, expected {len(want)}"
+                          + (f"; kept but should be dropped: {extra[:8]}" if extra else "")
+                          + (f"; dropped but should be kept: {missing[:8]}" if missing else "") + said)
+                    passed = False
+                    break
+                if not torch.equal(got[b][have], scores[b][have]):
+                    print(f"✗ {case}, row {b}, {name} = {s}: the kept scores changed; a filter only drops tokens")
+                    passed = False
+                    break
+    if passed:
+        print(f"✓ the same kept tokens as the library's filter in every case ({', '.join(_filter_cases())})")
+    return passed
+
+
+def _ties_left_out(row, want, have, k) -> str:
+    if len(have) == k < len(want):
+        return ". Tokens tied with the k-th largest score are kept too, as top_k_filter keeps them"
+    return ""
+
+
+@_stops_at_placeholder
+def check_top_k(fn) -> bool:
+    """``fn(scores (B, V), k) -> scores`` with all but the k largest set to -inf (ties with the k-th kept)."""
+    from ..sampling import top_k_filter
+
+    return _check_filter(fn, top_k_filter, (1, 2, 5, 50), "k", hint=_ties_left_out)
+
+
+# Values of p for check_top_p, each far from every mass a case's favourites add up to (the flat row's
+# 50 tokens of 0.02 reach every multiple of 0.02): there the answer would be decided by rounding, and a
+# correct filter in float64, or one that sums in another order, could keep one token more or fewer.
+# p = 1 is the exception: in float32 a sure favourite's probability rounds to 1.0 (see _rounded_away).
+TOP_P_SETTINGS = (0.23, 0.47, 0.87, 1.0)
+
+
+def _rounded_away(row: torch.Tensor, have: list[int], p: float) -> bool:
+    """At p = 1, a filter that keeps the favourites and drops only tokens whose total probability float32
+    cannot add to them (their running total already rounds to 1.0) is right in its own arithmetic."""
+    if p != 1 or not have:
+        return False
+    probs = row.double().softmax(-1)
+    order = probs.sort(descending=True, stable=True).values
+    top = order[:len(have)]
+    return bool(torch.equal(probs[have].sort(descending=True).values, top)) and float(order[len(have):].sum()) < 1e-6
+
+
+@_stops_at_placeholder
+def check_top_p(fn) -> bool:
+    """``fn(scores (B, V), p) -> scores``: the smallest set of favourites holding at least ``p`` (the token
+    that crosses ``p`` is kept; ``p`` = 1 keeps every token), the rest set to -inf.
+
+    Every ``p`` below 1 is at least 0.002 away from each case's prefix masses, so float32 or float64, either
+    order of summing, gives the same count; among tied scores any tokens may be kept. At ``p`` = 1 dropping
+    tokens that float32 rounds away (less than a millionth in all) is accepted."""
+    from ..sampling import top_p_filter
+
+    return _check_filter(fn, top_p_filter, TOP_P_SETTINGS, "p", tolerated=_rounded_away)
+
+
+# notebook 3 ------------------------------------------------------------------------------------------------
+
+def _write_with(hook, model, tokenizer, n_new: int, seed: int) -> list[int] | None:
+    """The token ids of a new poem written with the learner's hook at temperature 1, or None (said why)."""
+    try:
+        out = generate(model, torch.tensor([[tokenizer.eos_id]]), n_new, temperature=1.0, logits_hook=hook,
+                       generator=torch.Generator().manual_seed(seed))
+    except Exception as e:  # the learner's code: say what it raised
+        print(f"✗ seed {seed}: generate with your hook raised {type(e).__name__}: {e}")
+        return None
+    return out.new_tokens[0].tolist()
+
+
+def _judge_writing(hook, model, tokenizer, n_new: int, seeds, judge) -> bool:
+    """A text written with the hook for each seed, one line each: ``judge(new_ids) -> (right, what to say)``."""
+    passed = True
+    for seed in seeds:
+        new = _write_with(hook, model, tokenizer, n_new, seed)
+        if new is None:
+            return False
+        right, said = judge(new)
+        print(f"{'✓' if right else '✗'} seed {seed}: {said}")
+        passed &= right
+    return passed
+
+
+def _probe(hook, step: int, tokens: list[int], vocab_size: int, label: str) -> torch.Tensor | None:
+    """(V,) bool: the tokens ``hook`` leaves allowed after ``tokens`` at ``step``, given flat logits; None (said
+    why) if it raised or did not return logits. A score of -1e4 or below counts as banned."""
+    if not callable(hook):
+        print(f"✗ {label}: expected your hook, a function (step, tokens, logits) -> logits, got {_brief(hook)}")
+        raise _NotWritten
+    ok, out = _call(hook, step, torch.tensor([tokens]), torch.zeros(1, vocab_size), label=label)
+    if not ok:
+        return None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, vocab_size):
+        print(f"✗ {label}: your hook must return logits of shape (1, {vocab_size}), got {_brief(out)}")
+        return None
+    return out[0] > -1e4
+
+
+def _names(ids, tokenizer, most: int = 6) -> str:
+    shown = "".join(tokenizer.decode([i]).replace("\n", "⏎") for i in ids[:most])
+    return f"{shown}{'…' if len(ids) > most else ''} ({len(ids)} token{'s' * (len(ids) != 1)})"
+
+
+# A seven-character quatrain the checks feed to a hook as the text so far (李白 Li Bai, 早发白帝城)
+QUATRAIN = "朝辞白帝彩云间，千里江陵一日还。两岸猿声啼不住，轻舟已过万重山。"
+
+
+@_stops_at_placeholder
+def check_quatrain_hook(hook, model, tokenizer, chars_per_line: int = 7, seeds=(0, 1, 2)) -> bool:
+    """A logits hook for a fixed-format quatrain: ，or 。 exactly after every ``chars_per_line`` characters
+    (the last one 。), no punctuation anywhere else.
+
+    First the hook itself, at every step after the opening of a real quatrain, given flat logits: inside a
+    line it must leave exactly the characters (no punctuation, no separator); at a line end some of ，。 and
+    nothing else; at the last, only 。. Then three poems written with it by ``generate`` from the separator."""
+    from ..constraints import punctuation_mask
+
+    n, line = 4 * (chars_per_line + 1), chars_per_line + 1
+    text = QUATRAIN if chars_per_line == 7 else "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"
+    prefix = [tokenizer.eos_id] + tokenizer.encode(text)
+    chars = ~punctuation_mask(tokenizer)
+    char_ids = set(chars.nonzero().flatten().tolist())
+    marks = {tokenizer.encode(m)[0] for m in "，。"}
+    full_stop = tokenizer.encode("。")[0]
+    for step in range(n):
+        label = f"step {step} (new token {step + 1})"
+        allowed = _probe(hook, step, prefix[:1 + step], tokenizer.vocab_size, label)
+        if allowed is None:
+            return False
+        ids = set(allowed.nonzero().flatten().tolist())
+        if (step + 1) % line:
+            may, must, what = char_ids, char_ids, "exactly the Chinese characters, no punctuation or separator"
+        elif step + 1 < n:
+            may, must, what = marks, set(), "only ，or 。 (at least one of them)"
+        else:
+            may, must, what = {full_stop}, {full_stop}, "only 。"
+        extra, missing = sorted(ids - may), sorted(must - ids)
+        if extra or missing or not ids:
+            print(f"✗ {label}, after 「{tokenizer.decode(prefix[1:1 + step])}」: must allow {what}; your hook "
+                  + "; ".join(x for x in (f"allows {_names(extra, tokenizer)} it should ban" if extra else "",
+                                          f"bans {_names(missing, tokenizer)} it should allow" if missing else "",
+                                          "bans every token" if not ids else "") if x))
+            return False
+    print(f"✓ your hook allows the right tokens at each of the {n} steps (probed after the opening of 「{text}」)")
+
+    def form(new):
+        punct = [i + 1 for i, t in enumerate(new) if bool(~chars[t]) == bool((i + 1) % line)]
+        kept = not punct and new[-1] == full_stop
+        return kept, _show(new, tokenizer) + ("" if kept else f": new tokens {punct[:8] or [n]} break the form")
+    return _judge_writing(hook, model, tokenizer, n, seeds, form)
+
+
+@_stops_at_placeholder
+def check_no_repeat_hook(hook, model, tokenizer, seeds=(0, 1, 2), n_new: int = 40) -> bool:
+    """A logits hook that forbids any Chinese character already in the text (punctuation may repeat).
+
+    First the hook itself after a couplet and a half, given flat logits: exactly the characters in the text
+    must be banned, every other score left as it was (punctuation and the separator too). Then three texts
+    written with it by ``generate``."""
+    from ..tokenizer import is_ideograph
+
+    text = "床前明月光，疑是地上霜。举头望明月，"
+    tokens = encode_prompt(tokenizer, text)
+    allowed = _probe(hook, 0, tokens, tokenizer.vocab_size, f"after 「{text}」")
+    if allowed is None:
+        return False
+    used = {t for t in tokens if is_ideograph(tokenizer.decode([t]))}
+    want = torch.ones(tokenizer.vocab_size, dtype=torch.bool)
+    want[sorted(used)] = False
+    if not torch.equal(allowed, want):
+        kept = sorted(used & set(allowed.nonzero().flatten().tolist()))
+        banned = sorted(set((~allowed).nonzero().flatten().tolist()) - used)
+        print(f"✗ after 「{text}」: your hook "
+              + "; ".join(x for x in (f"still allows {_names(kept, tokenizer)} already in the text" if kept else "",
+                                      f"bans {_names(banned, tokenizer)} not among its characters" if banned else "") if x)
+              + " (only the Chinese characters already written are forbidden; punctuation may repeat)")
+        return False
+    print(f"✓ after 「{text}」 your hook bans exactly its {len(used)} different characters")
+
+    def unrepeated(new):
+        chars = [ch for ch in tokenizer.decode(new) if is_ideograph(ch)]
+        repeats = sorted({ch for ch in chars if chars.count(ch) > 1})
+        return (False, f"{_show(new, tokenizer)} repeats {'、'.join(repeats[:8])}") if repeats else (
+            True, f"{len(chars)} characters, none repeated")
+    return _judge_writing(hook, model, tokenizer, n_new, seeds, unrepeated)
+
+
+# notebook 4 ------------------------------------------------------------------------------------------------
+
+DECODE_PROMPTS = ("床前看月光，", "白日依山尽，黄河入海", "春")
+
+
+@_stops_at_placeholder
+def check_cached_greedy(fn, model, tokenizer, n_new: int = 12, prompts=DECODE_PROMPTS) -> bool:
+    """``fn(model, idx, n_new) -> list[int]``: greedy decoding written by hand over a ``KVCache``.
+
+    Compared with ``generate(model, idx, n_new, temperature=0.0)`` on each prompt: the new token ids
+    must be equal, and the loop may run at most P + n_new tokens through the model for a prompt of P (the
+    prompt once, then one token a step; a loop without the cache runs P + i tokens at step i). A mismatch is
+    reported with the prompt, the step where the two first differ, and both texts.
+    """
+    passed, V = True, tokenizer.vocab_size
+    fed = [0]  # tokens the embedding table looked up: every token the model ran, on GPT.forward's path
+    handle = model.transformer.wte.register_forward_hook(lambda m, args, out: fed.__setitem__(0, fed[0] + args[0].numel()))
+    try:
+        for text in prompts:
+            idx = torch.tensor([encode_prompt(tokenizer, text)])
+            expected = generate(model, idx, n_new, temperature=0.0).new_tokens[0].tolist()  # the fast path: not counted
+            label, fed[0] = f"prompt 「{text}」", 0
+            ok, got = _call(fn, model, idx.clone(), n_new, label=label)
+            if not ok:
+                passed = False
+                continue
+            ids = _as_ints(got)
+            if ids is None or None in ids or not all(0 <= i < V for i in ids):
+                print(f"✗ {label}: expected a list of {n_new} token ids (ints in [0, {V})), got {_brief(got)}")
+                passed = False
+                continue
+            if ids == expected and fed[0] <= idx.shape[1] + n_new:
+                print(f"✓ {label}: the same {n_new} tokens as generate: {_show(ids, tokenizer)}")
+                continue
+            passed = False
+            if ids == expected:
+                print(f"✗ {label}: the right tokens, but your loop ran {fed[0]:,} tokens through the model for "
+                      f"{n_new} new ones after a prompt of {idx.shape[1]}; with the cache it takes "
+                      f"{idx.shape[1] + n_new - 1}: the prompt once, then only each new token (the cache holds the rest)")
+            elif len(ids) != len(expected):
+                print(f"✗ {label}: expected {len(expected)} new token ids, got {len(ids)}")
+            else:
+                step = next(i for i, (a, b) in enumerate(zip(ids, expected)) if a != b)
+                print(f"✗ {label}: the tokens differ from step {step} on: expected {_show(expected, tokenizer)}, got "
+                      f"{_show(ids, tokenizer)}. "
+                      + ("Step 0 comes from the prefill: the argmax of the last row of its logits (greedy)."
+                         if step == 0 else "At each decode step feed only the new token to model(…, cache=cache), "
+                         "which advances the cache itself (no cache.advance of your own), with one fresh cache per call."))
+    finally:
+        handle.remove()
     return passed
 
 
@@ -423,18 +604,27 @@ def check_tokens_to_match_weights(tokens, inside_context, model_name: str = "Lla
     elif abs(got - want) <= 0.01 * want:
         print(f"✓ {got:,.0f} tokens: the cache of one sequence that long takes as many bytes as the weights "
               f"({shape.weight_bytes():,} bytes)")
+    elif got <= 0:
+        passed = False
+        print(f"✗ the number of tokens: expected about {want:,.0f} (weights {shape.weight_bytes():,} bytes / cache "
+              f"per token), got {got:,.0f}: a length is a positive number of tokens")
     else:
         passed = False
-        hints = {2.0: "a token's cache holds a key and a value (the factor 2) for every layer and key/value head",
-                 4.0: f"{model_name} caches {shape.n_kv_head} key/value heads per layer, not its {shape.n_head} "
-                      "query heads (grouped-query attention)",
-                 0.5: "the weights and the cache are both in bf16, 2 bytes a number"}
-        hint = next((h for ratio, h in hints.items() if abs(want / got - ratio) <= 0.02 * ratio), "")
+        # got = want / ratio: what the usual slips do to the quotient weights / (cache per token)
+        hints = [(2.0, "the weights take 2 bytes a parameter in bf16 (count bytes, not parameters), and the cache "
+                       "is bf16 too: 2 bytes a number, not 4"),
+                 (0.5, "a token's cache holds a key and a value (the factor 2) for every layer and key/value head, "
+                       "and the weights are bf16: 2 bytes a parameter, not 4"),
+                 (4.0, f"{model_name} caches {shape.n_kv_head} key/value heads per layer, not its {shape.n_head} "
+                       "query heads (grouped-query attention)")]
+        hint = _hints(want / got, hints, lambda r, ratio: abs(r - ratio) <= 0.02 * ratio)
         print(f"✗ the number of tokens: expected about {want:,.0f} (weights {shape.weight_bytes():,} bytes / "
-              f"cache per token), got {got:,.0f}" + (f". Off by a factor {want / got:g}: {hint}" if hint else ""))
-    if not isinstance(inside_context, bool):
+              f"cache per token), got {got:,.0f}" + (f". Off by a factor {want / got:g}{hint}" if hint else ""))
+    inside = _as_bool(inside_context)
+    if inside is None:
         print(f"✗ whether it is inside the trained context must be True or False, got {_brief(inside_context)}")
         return False
+    inside_context = inside
     if inside_context != (want <= shape.context):
         print(f"✗ inside the trained context: expected {want <= shape.context}, got {inside_context}: "
               f"{want:,.0f} tokens against a trained context of {shape.context:,}")
@@ -479,8 +669,8 @@ def check_sequences_that_fit(answers, gpu_bytes: int = 80 * 10**9, tokens: int =
                  (gpu_bytes // per_sequence, "the weights take their share of the memory first: subtract them"),
                  ((gpu_bytes - weights) // (kib_per_token * 1000 * tokens),
                   f"a KiB is 1,024 bytes: {kib_per_token} KiB per token is {shape.kv_bytes_per_token():,} bytes")]
-        hint = next((h for value, h in hints if abs(got - value) < 1e-6), "")
-        print(f"✗ {name}: expected {want} sequences, got {got:g}" + (f": {hint}" if hint else
+        hint = _hints(got, hints, lambda g, value: abs(g - value) < 1e-6)  # every slip that gives this number
+        print(f"✗ {name}: expected {want} sequences, got {got:g}" + (hint or
               f" ({gpu_bytes:,} bytes, minus {weights:,} of weights, over {per_sequence:,} bytes per sequence)"))
     return passed
 
@@ -498,7 +688,8 @@ def check_token_forwards(fn, cases=((1, 1), (1, 120), (1, 300), (16, 10), (4, 12
         if not ok:
             passed = False
             continue
-        pair = tuple(_as_int(x) for x in got) if isinstance(got, (tuple, list)) and len(got) == 2 else None
+        ints = _as_ints(got)
+        pair = tuple(ints) if ints is not None and len(ints) == 2 else None
         if pair == want:
             print(f"✓ {label}: {want[0]:,} without the cache, {want[1]:,} with it")
             continue
@@ -552,6 +743,8 @@ def check_right_padding(pad_right, next_logits, model, tokenizer, texts=RIGHT_PA
             passed = False
             continue
         try:
+            if not (isinstance(got, (tuple, list)) and len(got) == 2):  # a lone tensor of two rows is not a pair
+                raise TypeError
             got_idx, got_mask = (torch.as_tensor(x) for x in got)
             same = torch.equal(got_idx.long(), want_idx) and torch.equal(got_mask.bool(), want_mask)
         except Exception:
@@ -619,7 +812,8 @@ def check_one_token_characters(fn, tokenizer, poems, ns=(20, 200)) -> bool:
             passed = False
             continue
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(
-                isinstance(part, (list, tuple, str)) and all(isinstance(c, str) for c in part) for part in got)):
+                isinstance(part, (list, tuple, str, set, frozenset)) and all(isinstance(c, str) for c in part)
+                for part in got)):
             print(f"✗ {label}: expected a pair of lists of characters (single, split), got {_brief(got)}")
             passed = False
             continue
@@ -662,7 +856,8 @@ FILLER_CASES = (("two rows, one ends early", [[5, 6, 0, 0], [5, 6, 7, 8]], 0),
                 ("no row ends", [[1, 2, 3], [4, 5, 6]], 0),
                 ("a row ends at its first step", [[0, 0, 0, 0], [1, 2, 3, 0]], 0),
                 ("three rows", [[1, 2, 0], [0, 0, 0], [1, 0, 0]], 0),
-                ("the separator is id 3", [[7, 3, 3], [1, 2, 3]], 3))
+                ("the separator is id 3", [[7, 3, 3], [1, 2, 3]], 3),
+                ("other tokens after the separator", [[5, 0, 6, 7], [1, 2, 3, 4]], 0))
 
 
 def _filler(rows, eos_id, eos_is_filler=False, unfinished_useful=True):
@@ -704,6 +899,53 @@ def check_filler_share(fn, cases=FILLER_CASES) -> bool:
     return passed
 
 
+# notebook 7 ------------------------------------------------------------------------------------------------
+
+@_stops_at_placeholder
+def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions: int = 1024) -> bool:
+    """``fn(kv_block_size) -> memory share``: ``requests`` served continuously in ``kv_positions`` positions
+    cut into blocks of that size; compared with the engine's own count for each size."""
+    from ..serving import run_continuous
+
+    passed = True
+    for size in sizes:
+        want = run_continuous(model, requests, num_blocks=kv_positions // size, kv_block_size=size).memory_share
+        hint = lambda got, want=want: (  # noqa: E731
+            ". A share is a fraction of 1, not a percentage" if math.isclose(got, 100 * want, rel_tol=1e-6) else "")
+        passed &= _number_case(fn, (size,), f"blocks of {size}", "share",
+                               lambda got, want=want: math.isclose(got, want, rel_tol=1e-6),
+                               f"memory share {100 * want:.1f} %", f"a memory share of {want:.4f}", hint)
+    return passed
+
+
+@_stops_at_placeholder
+def check_prefix_hits(fn, model, prompts, sizes=(4, 8)) -> bool:
+    """``fn(prompts, kv_block_size) -> list``: the prompt tokens each prompt finds in one pool with prefix
+    caching, the prompts arriving one after another (each prefilled before the next arrives); for each of ``sizes``."""
+    from ..paged import PagedKVCache
+
+    passed = True
+    for kv_block_size in sizes:
+        pool, want = PagedKVCache(model.config, 256, kv_block_size=kv_block_size), []
+        for i, p in enumerate(prompts):
+            want.append(pool.add_sequence(i, p))
+            pool.forward(model, [i], [p[want[-1]:]])
+        label = f"{len(prompts)} prompts, blocks of {kv_block_size}"
+        ok, got = _call(fn, prompts, kv_block_size, label=label)
+        if not ok:
+            passed = False
+            continue
+        found = _as_ints(got)
+        if found == want:
+            print(f"✓ {label}: {want}")
+            continue
+        passed = False
+        print(f"✗ {label}: expected {want}, got {found if found is not None and None not in found else _brief(got)}"
+              + (". A prompt finds only what earlier prompts left in the pool: prefill each before adding the next"
+                 if found is not None and found[:1] == want[:1] and found != want and all(g == 0 for g in found) else ""))
+    return passed
+
+
 # notebook 8 ------------------------------------------------------------------------------------------------
 
 def _gain(alpha, gamma, guess_cost, verify_cost):
@@ -714,7 +956,7 @@ def _gain(alpha, gamma, guess_cost, verify_cost):
 
 @_stops_at_placeholder
 def check_best_gamma(fn, cases=((0.6, 0.05, 1.2), (0.9, 0.05, 1.2), (0.3, 0.05, 1.2), (0.6, 0.3, 1.2),
-                                (0.8, 0.0, 1.0)), gammas=range(1, 9)) -> bool:
+                                (0.8, 0.0, 1.0), (0.8, 0.5, 1.2)), gammas=range(1, 9)) -> bool:
     """``fn(alpha, guess_cost, verify_cost) -> gamma``: the γ in 1 … 8 that writes the most tokens per unit of cost,
     expected_tokens_per_round(α, γ) / (γ × guess_cost + verify_cost), costs in decode steps."""
     passed = True
@@ -756,7 +998,8 @@ def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明
     ids = encode_prompt(tokenizer, prompt)
     x = draft.propose(ids, 1)[0][0]
     with torch.inference_mode():
-        p = float(probabilities(model(torch.tensor([ids]))[0][:, -1], 1.0)[0, x])
+        p, bare = (float(probabilities(model(torch.tensor([t]))[0][:, -1], 1.0)[0, x])
+                   for t in (ids, tokenizer.encode(prompt)))  # read as a poem's opening, and without the separator
     tol = 4 * math.sqrt(p * (1 - p) / draws) + 1e-9
     guess = tokenizer.decode([x])
     if abs(got - p) <= tol:
@@ -764,8 +1007,11 @@ def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明
               f"errors of a share of {draws:,} draws)")
         return True
     hints = [(abs(got - 100 * p) <= 100 * tol, "give a fraction, not a percentage"),
+             (got > 1 and abs(got / draws - p) <= tol, f"that is a count: divide it by the {draws:,} draws"),
              (got >= 1 - 1e-9, "every guess was kept: without q the guess is kept with probability p(x) / 1 = p(x)"),
-             (abs(got - (1 - p)) <= tol, "that is the share of rejected guesses")]
+             (abs(got - (1 - p)) <= tol, "that is the share of rejected guesses"),
+             (abs(got - bare) <= tol < abs(bare - p), f"that is p({guess}) after {prompt} without the separator in front: "
+                                                      f"read it as a poem's opening, encode_prompt(tok, {prompt!r})")]
     hint = next((h for hit, h in hints if hit), "")
     print(f"✗ the share of kept guesses: expected p({guess}) = {p:.3f} ± {tol:.3f}, got {got:.3f}"
           + (f". {hint[0].upper()}{hint[1:]}" if hint else ""))
@@ -805,20 +1051,7 @@ def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
     return passed
 
 
-def _number_case(fn, args: tuple, label: str, name: str, close, said: str, expected: str, hint) -> bool:
-    """One case whose answer is a number: ✓ with ``said``, or ✗ with the expected, the actual and ``hint(got)``."""
-    ok, got = _call(fn, *args, label=label)
-    if not ok:
-        return False
-    got = _as_number(got, name)
-    if got is not None and close(got):
-        print(f"✓ {label}: {said}")
-        return True
-    print(f"✗ {label}: expected {expected}, got {got}" + (hint(got) if got is not None else ""))
-    return False
-
-
-# ---- notebook 9 ----------------------------------------------------------------------------------
+# notebook 9 ------------------------------------------------------------------------------------------------
 
 @_stops_at_placeholder
 def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32), (4, 8))) -> bool:
@@ -827,6 +1060,7 @@ def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32),
     measures after two full key groups of positions."""
     from ..quantized import QuantizedKVCache
 
+    config = getattr(config, "config", config)  # the model itself will do
     passed = True
     for bits, group in cases:
         cache = QuantizedKVCache(config, 1, 2 * group, bits=bits, group_size=group)
@@ -837,58 +1071,14 @@ def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32),
                 cache.write(layer, k, v)
             cache.advance(2 * group)
         want = cache.nbytes / (2 * group)
-        codes = config.n_layer * 2 * config.n_embd * bits / 8
-        hint = lambda got, codes=codes, group=group: (  # noqa: E731
-            f". The codes alone take {codes:,.0f}: add 4 bytes (float16 scale and zero point) for every {group} "
-            f"numbers" if math.isclose(got, codes) else "")
+        numbers = config.n_layer * 2 * config.n_embd  # keys and values, every layer
+        slips = [(numbers * bits / 8, f"the codes alone take {numbers * bits / 8:,.0f} bytes: add 4 bytes (a float16 "
+                                      f"scale and a float16 zero point) for every {group} numbers"),
+                 (numbers * (bits / 8 + 2 / group), f"the zero point is a float16 too: 4 bytes of scale and zero point "
+                                                    f"for every {group} numbers, not 2"),
+                 (want / 2, "count the values as well as the keys, in every layer")]
+        hint = lambda got, slips=slips: _hints(got, slips, math.isclose)  # noqa: E731
         passed &= _number_case(fn, (bits, group), f"{bits} bits, groups of {group}", "bytes",
                                lambda got, want=want: math.isclose(got, want, rel_tol=1e-9),
                                f"{want:,.0f} bytes a token, as the cache measures", f"{want:,.0f} bytes a token", hint)
     return passed
-
-
-# ---- notebook 7 ----------------------------------------------------------------------------------
-
-@_stops_at_placeholder
-def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions: int = 1024) -> bool:
-    """``fn(kv_block_size) -> memory share``: ``requests`` served continuously in ``kv_positions`` positions
-    cut into blocks of that size; compared with the engine's own count for each size."""
-    from ..serving import run_continuous
-
-    passed = True
-    for size in sizes:
-        want = run_continuous(model, requests, num_blocks=kv_positions // size, kv_block_size=size).memory_share
-        hint = lambda got, want=want, size=size: (  # noqa: E731
-            ": a share is a fraction of 1, not a percentage" if math.isclose(got, 100 * want)
-            else f": did you give the engine {kv_positions} // {size} = {kv_positions // size} blocks of {size}?")
-        passed &= _number_case(fn, (size,), f"blocks of {size}", "share",
-                               lambda got, want=want: math.isclose(got, want, abs_tol=1e-9),
-                               f"memory share {100 * want:.1f} %", f"a memory share of {want:.4f}", hint)
-    return passed
-
-
-@_stops_at_placeholder
-def check_prefix_hits(fn, model, prompts, kv_block_size: int = 4) -> bool:
-    """``fn(prompts, kv_block_size) -> list``: the prompt tokens each prompt finds in one pool with prefix
-    caching, the prompts arriving one after another (each prefilled before the next arrives)."""
-    from ..paged import PagedKVCache
-
-    pool, want = PagedKVCache(model.config, 256, kv_block_size=kv_block_size), []
-    for i, p in enumerate(prompts):
-        want.append(pool.add_sequence(i, p))
-        pool.forward(model, [i], [p[want[-1]:]])
-    label = f"{len(prompts)} prompts, blocks of {kv_block_size}"
-    ok, got = _call(fn, prompts, kv_block_size, label=label)
-    if not ok:
-        return False
-    try:
-        got = [_as_int(x) for x in got]
-    except Exception:
-        got = None
-    if got == want:
-        print(f"✓ {label}: {want}")
-        return True
-    print(f"✗ {label}: expected {want}, got {_brief(got)}"
-          + (". A prompt finds only what earlier prompts left in the pool: prefill each before adding the next"
-             if got is not None and got[:1] == want[:1] and got != want and all(g == 0 for g in got) else ""))
-    return False

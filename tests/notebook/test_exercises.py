@@ -61,7 +61,35 @@ def test_wrong_solutions_are_told_where_and_how(shipped_char, capsys):
     assert "differ from step 0" in out and "last row" in out
     assert not check_cached_greedy(refeeds_everything, model, tok, n_new=6)
     out = capsys.readouterr().out
-    assert "✗" in out and ("Feed only the new token" in out or "raised" in out)
+    assert "✗" in out and ("feed only the new token" in out or "raised" in out)
+
+
+def recompute(model, idx, n_new):
+    """Right tokens, no cache: the whole text through the model at every step."""
+    seq, out = idx, []
+    with torch.inference_mode():
+        for _ in range(n_new):
+            nxt = model(seq)[0][:, -1].argmax(-1, keepdim=True)
+            out.append(nxt.item())
+            seq = torch.cat([seq, nxt], dim=1)
+    return out
+
+
+def as_tensors(model, idx, n_new):
+    """Right, but returns a list of (1, 1) tensors and floats in turn: ids all the same."""
+    return [torch.tensor([[t]]) if i % 2 else float(t) for i, t in enumerate(right(model, idx, n_new))]
+
+
+def test_the_cached_greedy_check_reads_any_list_of_ids_and_counts_what_ran(shipped_char, capsys):
+    model, tok = shipped_char
+    assert check_cached_greedy(as_tensors, model, tok, n_new=4)
+    capsys.readouterr()
+    assert not check_cached_greedy(recompute, model, tok, n_new=4)
+    assert "the right tokens, but your loop ran" in capsys.readouterr().out
+    for wrong, said in ((lambda m, i, n: None, "returned None"), (lambda m, i, n: "一夜", "expected a list of 4 token ids"),
+                        (lambda m, i, n: [[1]] * n, "expected a list"), (lambda m, i, n: [10**9] * n, "ints in [0,")):
+        assert not check_cached_greedy(wrong, model, tok, n_new=4)
+        assert said in capsys.readouterr().out
 
 
 def test_a_crash_or_a_wrong_length_is_reported_not_raised(shipped_char, capsys):
@@ -169,7 +197,7 @@ def test_the_hook_checks_tell_a_form_kept_from_a_form_broken(shipped_char, capsy
     assert check_quatrain_hook(constraints.schedule_hook(constraints.quatrain_schedule(tok, 7)), model, tok)
     capsys.readouterr()
     assert not check_quatrain_hook(lambda step, tokens, logits: logits, model, tok)
-    assert "break the form" in capsys.readouterr().out
+    assert "step 0 (new token 1)" in capsys.readouterr().out
 
     def no_repeats(step, tokens, logits):
         seen = torch.zeros(tok.vocab_size, dtype=torch.bool)
@@ -179,7 +207,46 @@ def test_the_hook_checks_tell_a_form_kept_from_a_form_broken(shipped_char, capsy
     assert check_no_repeat_hook(no_repeats, model, tok)
     capsys.readouterr()
     assert not check_no_repeat_hook(lambda step, tokens, logits: logits, model, tok, n_new=80)
-    assert "repeats" in capsys.readouterr().out
+    assert "still allows" in capsys.readouterr().out
+
+
+def test_the_hook_checks_probe_the_hook_at_every_step(shipped_char, capsys):
+    """Hooks that a few sampled poems might not expose are caught by calling them directly."""
+    from kvlib import constraints
+
+    model, tok = shipped_char
+    form = constraints.schedule_hook(constraints.quatrain_schedule(tok, 7))
+    separator = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    separator[tok.eos_id] = True
+
+    def lets_the_separator_in(step, tokens, logits):
+        out = form(step, tokens, logits)
+        return out if (step + 1) % 8 == 0 else out.masked_fill(separator, 0.0)
+
+    def exclaims(step, tokens, logits):
+        return logits.masked_fill(torch.arange(tok.vocab_size) != tok.encode("！")[0], float("-inf")) if step == 7 \
+            else form(step, tokens, logits)
+
+    for hook, said in ((lets_the_separator_in, "step 0 (new token 1)"), (exclaims, "step 7 (new token 8)"),
+                       (None, "expected your hook, a function")):
+        assert not check_quatrain_hook(hook, model, tok)
+        out = capsys.readouterr().out
+        assert said in out and len(out.splitlines()) == 1, out
+    punctuation = constraints.punctuation_mask(tok)
+
+    def penalises(step, tokens, logits):  # a soft penalty is not a ban
+        used = torch.zeros(tok.vocab_size, dtype=torch.bool)
+        used[tokens[0]] = True
+        return logits.masked_fill(used & ~punctuation, -5.0)
+
+    def bans_punctuation_too(step, tokens, logits):
+        used = torch.zeros(tok.vocab_size, dtype=torch.bool)
+        used[tokens[0]] = True
+        return constraints.ban(logits, used)
+
+    for hook, said in ((penalises, "still allows"), (bans_punctuation_too, "not among its characters")):
+        assert not check_no_repeat_hook(hook, model, tok)
+        assert said in capsys.readouterr().out
 
 
 # ---- notebooks 1, 5, 6 and 8: functions and numbers with known answers ------------------------------------
@@ -281,8 +348,13 @@ def test_check_tokens_to_match_weights(capsys):
     capsys.readouterr()
     assert not check_tokens_to_match_weights(tokens / 4, False)
     assert "Off by a factor 4" in capsys.readouterr().out
-    assert not check_tokens_to_match_weights(tokens / 2, False)
+    assert not check_tokens_to_match_weights(tokens * 2, False)     # the factor 2 of keys and values left out
     assert "key and a value" in capsys.readouterr().out
+    assert not check_tokens_to_match_weights(tokens / 2, False)     # parameters, not bytes; or a cache in fp32
+    assert "2 bytes a parameter" in capsys.readouterr().out
+    assert not check_tokens_to_match_weights(0, False)
+    assert "a positive number of tokens" in capsys.readouterr().out
+    assert check_tokens_to_match_weights(torch.tensor(tokens), torch.tensor(tokens) <= shape.context)
     assert not check_tokens_to_match_weights(tokens, True)
     assert "inside the trained context: expected False, got True" in capsys.readouterr().out
     assert not check_tokens_to_match_weights(None, None)
@@ -453,9 +525,24 @@ def test_bytes_per_token_check_answers_back(capsys):
     cfg = GPTConfig(vocab_size=100)
     assert check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * (b / 8 + 4 / g), cfg)
     assert not check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * b / 8, cfg)
-    assert "add 4 bytes (float16 scale and zero point)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "add 4 bytes (a float16 scale and a float16 zero point)" in out
+    assert "2 bits, groups of 16" in out and "Count the values as well" in out  # two slips give that number
+    assert not check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * (b / 8 + 2 / g), cfg)
+    assert "The zero point is a float16 too" in capsys.readouterr().out
+    assert not check_bytes_per_token(lambda b, g: "1,280", cfg)
+    out = capsys.readouterr().out
+    assert out.count("✗") == 5 and "8 bits, groups of 16: bytes must be a finite number" in out  # one line a case
     assert not check_bytes_per_token(lambda b, g: None, cfg)
     assert "returned None" in capsys.readouterr().out
+
+
+def test_bytes_per_token_check_takes_the_model_too(char, capsys):
+    from kvlib.notebook.exercises import check_bytes_per_token
+
+    model, _ = char
+    cfg = model.config
+    assert check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * (b / 8 + 4 / g), model)
 
 
 def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
@@ -470,6 +557,9 @@ def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     trace = make_trace(tok, poems, 3, max_new_tokens=8)
     right = lambda bs: run_continuous(model, trace, num_blocks=256 // bs, kv_block_size=bs).memory_share  # noqa: E731
     assert check_memory_shares(right, model, trace, sizes=(4, 16), kv_positions=256)
+    capsys.readouterr()
+    assert check_memory_shares(lambda bs: torch.tensor(right(bs), dtype=torch.float32), model, trace, sizes=(4,),
+                               kv_positions=256)                    # float32 rounding is not a wrong answer
     capsys.readouterr()
     assert not check_memory_shares(lambda bs: 100 * right(bs), model, trace, sizes=(4,), kv_positions=256)
     assert "a fraction of 1, not a percentage" in capsys.readouterr().out
@@ -487,4 +577,104 @@ def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     capsys.readouterr()
     assert not check_prefix_hits(lambda ps, size: [0] * len(ps), model, prompts)
     assert "prefill each before adding the next" in capsys.readouterr().out
+    assert not check_prefix_hits(lambda ps, size: hits(ps, 4), model, prompts)  # the block size left out
+    assert "blocks of 8: expected" in capsys.readouterr().out
+    assert not check_prefix_hits(lambda ps, size: sum(hits(ps, size)), model, prompts)
+    assert "got int" in capsys.readouterr().out
     assert not check_prefix_hits(lambda ps, size: None, model, prompts)
+
+
+# ---- what a learner alone tried: other right forms accepted, slips named by their cause -------------------
+
+def test_the_filter_checks_accept_float32_rounding_at_p_1_and_name_the_usual_slips(capsys):
+    def plain_top_p(scores, p):  # no special case for p = 1: float32 may round the running total to 1 early
+        probs = scores.softmax(-1)
+        ranked, order = probs.sort(dim=-1, descending=True, stable=True)
+        drop = (ranked.cumsum(-1) - ranked) >= p
+        drop[:, 0] = False
+        return scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+
+    assert check_top_p(plain_top_p), capsys.readouterr().out
+    capsys.readouterr()
+
+    def exactly_k(scores, k):
+        v, i = scores.topk(k, -1)
+        return torch.full_like(scores, float("-inf")).scatter(-1, i, v)
+
+    assert not check_top_k(exactly_k)
+    assert "Tokens tied with the k-th largest score are kept too" in capsys.readouterr().out
+    assert not check_top_k(lambda s, k: s.masked_fill(s < s.topk(k, -1).values[:, -1:], -1e9))
+    assert "float('-inf')" in capsys.readouterr().out
+
+    def placeholder(scores, k):
+        raise NotImplementedError("exercise 2")
+
+    assert not check_top_k(placeholder)
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_number_checks_read_numpy_and_tensor_answers_and_give_every_matching_hint(capsys):
+    np = pytest.importorskip("numpy")
+    shape = memory.SHAPES["Llama 3 8B"]
+    tokens = shape.weight_bytes() / shape.kv_bytes_per_token()
+    assert check_tokens_to_match_weights(np.float64(tokens), np.float64(tokens) <= shape.context)  # a numpy bool
+    assert check_token_forwards(lambda P, N: np.array([N * P + N * (N - 1) // 2, P + N - 1]))
+    assert check_token_forwards(lambda P, N: torch.tensor([N * P + N * (N - 1) // 2, P + N - 1]))
+    capsys.readouterr()
+    gpu, weights = 80 * 10**9, memory.SHAPES["Llama 2 7B"].weight_bytes()
+    per_token = memory.SHAPES["Llama 2 7B"].kv_bytes_per_token()
+    kib_as_1000 = (gpu - weights) // (per_token // 1024 * 1000 * 4096)        # a KiB taken for 1,000 bytes
+    assert not check_sequences_that_fit({"Llama 2 7B": kib_as_1000, "Llama 3 8B": 0})
+    out = capsys.readouterr().out
+    assert "A KiB is 1,024 bytes" in out and "round down" in out  # both slips give 31: both are named
+
+
+def test_notebook_1_checks_name_an_inclusive_count_a_log_probability_and_a_rising_sort(shipped_char, capsys):
+    import math
+
+    model, tok = shipped_char
+    text, char, opening = "举头望", "明", True
+    rank, p = rank_of(model, tok, text, char, opening=opening)
+    assert not check_rank(lambda t, c, o: (rank + 1, p), model, tok, cases=((text, char, opening),))
+    assert "strictly more likely" in capsys.readouterr().out
+    assert not check_rank(lambda t, c, o: (rank, math.log(p)), model, tok, cases=((text, char, opening),))
+    assert "log-probability" in capsys.readouterr().out
+    assert not check_followers(lambda t: [([ch], 0.1, 0.1) for ch in "一二三四五"], model, tok, ["明月光"], texts=("明月",))
+    assert "must be a str" in capsys.readouterr().out
+    rising = lambda probs: int((probs.sort().values.cumsum(0) < 0.5).sum()) + 1  # noqa: E731
+    assert not check_half_cover(rising)
+    assert "from the largest down" in capsys.readouterr().out
+
+
+def test_notebook_6_and_8_checks_name_a_lone_tensor_a_count_and_a_guess_charged_twice(shipped_char, bpe_tokenizer,
+                                                                                      capsys):
+    model, tok = shipped_char
+    assert not check_right_padding(lambda prompts, pad: torch.full((len(prompts), 3), pad), lambda m, i, k: None,
+                                   model, tok)
+    assert "expected a pair of tensors (idx, key_mask)" in capsys.readouterr().out
+    poems = ["床前明月光，疑是地上霜。", "白日依山尽，黄河入海流。"]
+    counts = Counter("".join(poems)).most_common()
+
+    def as_sets(ps, tokenizer, n):
+        top = [c for c, _ in Counter("".join(ps)).most_common(n)]
+        return {c for c in top if len(tokenizer.encode(c)) == 1}, {c for c in top if len(tokenizer.encode(c)) > 1}
+
+    assert counts and check_one_token_characters(as_sets, bpe_tokenizer, poems, ns=(5,))
+    capsys.readouterr()
+    eos_count = lambda rows, eos: float(((rows == eos).sum() - (rows == eos).any(1).sum()) / rows.numel())  # noqa: E731
+    assert not check_filler_share(eos_count)
+    assert "other tokens after the separator" in capsys.readouterr().out
+    charged_twice = lambda a, gc, vc: max(range(1, 9), key=lambda g: expected_tokens_per_round(a, g) / ((g + 1) * gc + vc))  # noqa: E731
+    assert not check_best_gamma(charged_twice)
+    assert "α = 0.8, a guess 0.5" in capsys.readouterr().out
+    x = tok.encode("月")[0]
+
+    class Certain:
+        def propose(self, tokens, gamma):
+            return [x] * gamma, None
+
+    from kvlib import encode_prompt, probabilities
+    with torch.inference_mode():
+        p = float(probabilities(model(torch.tensor([encode_prompt(tok, "举头望明")]))[0][:, -1], 1.0)[0, x])
+    assert not check_kept_share(round(2000 * p), model, tok, Certain())
+    assert "divide it by the 2,000 draws" in capsys.readouterr().out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import types
 
 import torch
 
@@ -52,6 +53,8 @@ def _call(fn, *args, label: str):
     """(True, what ``fn`` returned), or (False, None) after saying what it raised."""
     try:
         result = fn(*args)
+        if isinstance(result, types.GeneratorType):  # a generator runs the learner's code only when read
+            result = list(result)
     except NotImplementedError as e:
         print(f"✗ {label}: your function raised NotImplementedError ({e}): write it, then run this cell again")
         raise _NotWritten from None
@@ -286,7 +289,10 @@ def check_half_cover(fn, model=None, tokenizer=None, prompts=("白日依山尽�
         passed = False
         unsorted = int((probs.cumsum(0) < 0.5).sum()) + 1
         rising = int((probs.sort().values.cumsum(0) < 0.5).sum()) + 1    # sorted from the smallest up
-        hint = ("sort the probabilities from the largest down before adding them up" if n in (unsorted, rising)
+        inclusive = int((probs.sort(descending=True).values.cumsum(0) <= 0.5).sum()) + 1
+        hint = ("at least one half: a total of exactly 0.5 is enough, so stop at the token that reaches it"
+                if n == inclusive != want else
+                "sort the probabilities from the largest down before adding them up" if n in (unsorted, rising)
                 and n != want else "count the token that brings the total to one half, and stop there" if n == want + 1 or
                 n == want - 1 else "")
         print(f"✗ {name}: expected {want:,}, got {_brief(got) if n is None else f'{n:,}'}" + (f". {hint[0].upper()}{hint[1:]}"
@@ -323,7 +329,8 @@ def _check_filter(fn, reference, settings, name: str, hint=None, tolerated=None)
     """Every case and setting through ``fn`` against ``reference``; one line per failing case and row.
 
     ``hint(row, want, have, s)`` may name a known mistake; ``tolerated(row, have, s)`` accepts a kept set that
-    differs from the reference's only by float rounding."""
+    differs from the reference's only by float rounding. A result that is not a tensor of the right shape
+    stops the check after one line: every case would say the same."""
     passed = True
     for case, scores in _filter_cases().items():
         for s in settings:
@@ -336,19 +343,26 @@ def _check_filter(fn, reference, settings, name: str, hint=None, tolerated=None)
             if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
                 print(f"✗ {label}: expected a tensor of shape {tuple(scores.shape)}, "
                       f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}")
-                passed = False
-                continue
+                return False
+            if got.is_floating_point() and bool((got >= 0).all()) and torch.allclose(got.sum(-1), torch.ones(len(got))):
+                print(f"✗ {label}: your filter returned probabilities; return the scores, with float('-inf') for "
+                      f"every dropped token (sampling applies the softmax after the filter)")
+                return False
             for b in range(scores.shape[0]):
+                row = got[b].masked_fill(torch.isfinite(got[b]) & (got[b] <= -1e4), float("-inf"))
+                if not torch.equal(row, got[b]):  # "dropped" with a large negative number: the same mistake everywhere
+                    print(f"✗ {label}, row {b}: set a dropped token's score to float('-inf'); a large negative "
+                          f"number still counts as kept")
+                    return False
                 want, have = _kept(expected[b]), _kept(got[b])
                 if not _same_kept(scores[b], want, have) and not (tolerated and tolerated(scores[b], have, s)):
                     extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
-                    huge = torch.isfinite(got[b]) & (got[b] <= -1e4)  # "dropped" with a big negative number
-                    said = (". Set a dropped token's score to float('-inf'): a large negative number still counts "
-                            "as kept" if huge.any() and _same_kept(scores[b], want, _kept(got[b].masked_fill(huge, float("-inf"))))
-                            else hint(scores[b], want, have, s) if hint else "")
+                    ties_only = bool(extra and missing) and len(set(scores[b][extra + missing].tolist())) == 1
+                    # (then which of the equal scores were kept is noise: any will do)
                     print(f"✗ {case}, row {b}, {name} = {s}: kept {len(have)} tokens, expected {len(want)}"
-                          + (f"; kept but should be dropped: {extra[:8]}" if extra else "")
-                          + (f"; dropped but should be kept: {missing[:8]}" if missing else "") + said)
+                          + (f"; kept but should be dropped: {extra[:8]}" if extra and not ties_only else "")
+                          + (f"; dropped but should be kept: {missing[:8]}" if missing and not ties_only else "")
+                          + (hint(scores[b], want, have, s) if hint else ""))
                     passed = False
                     break
                 if not torch.equal(got[b][have], scores[b][have]):
@@ -360,9 +374,11 @@ def _check_filter(fn, reference, settings, name: str, hint=None, tolerated=None)
     return passed
 
 
-def _ties_left_out(row, want, have, k) -> str:
+def _top_k_slip(row, want, have, k) -> str:
     if len(have) == k < len(want):
         return ". Tokens tied with the k-th largest score are kept too, as top_k_filter keeps them"
+    if len(have) == k - 1 and len(want) >= k:
+        return ". Keep the k-th largest itself too: drop only the scores below it (<, not <=)"
     return ""
 
 
@@ -371,7 +387,7 @@ def check_top_k(fn) -> bool:
     """``fn(scores (B, V), k) -> scores`` with all but the k largest set to -inf (ties with the k-th kept)."""
     from ..sampling import top_k_filter
 
-    return _check_filter(fn, top_k_filter, (1, 2, 5, 50), "k", hint=_ties_left_out)
+    return _check_filter(fn, top_k_filter, (1, 2, 5, 50), "k", hint=_top_k_slip)
 
 
 # Values of p for check_top_p, each far from every mass a case's favourites add up to (the flat row's
@@ -392,6 +408,12 @@ def _rounded_away(row: torch.Tensor, have: list[int], p: float) -> bool:
     return bool(torch.equal(probs[have].sort(descending=True).values, top)) and float(order[len(have):].sum()) < 1e-6
 
 
+def _top_p_slip(row, want, have, p) -> str:
+    if len(have) == len(want) - 1:
+        return ". The token that brings the total past p is kept too: drop a token only once the tokens before it hold p"
+    return ""
+
+
 @_stops_at_placeholder
 def check_top_p(fn) -> bool:
     """``fn(scores (B, V), p) -> scores``: the smallest set of favourites holding at least ``p`` (the token
@@ -402,7 +424,7 @@ def check_top_p(fn) -> bool:
     tokens that float32 rounds away (less than a millionth in all) is accepted."""
     from ..sampling import top_p_filter
 
-    return _check_filter(fn, top_p_filter, TOP_P_SETTINGS, "p", tolerated=_rounded_away)
+    return _check_filter(fn, top_p_filter, TOP_P_SETTINGS, "p", hint=_top_p_slip, tolerated=_rounded_away)
 
 
 # notebook 3 ------------------------------------------------------------------------------------------------
@@ -489,7 +511,10 @@ def check_quatrain_hook(hook, model, tokenizer, chars_per_line: int = 7, seeds=(
             print(f"✗ {label}, after 「{tokenizer.decode(prefix[1:1 + step])}」: must allow {what}; your hook "
                   + "; ".join(x for x in (f"allows {_names(extra, tokenizer)} it should ban" if extra else "",
                                           f"bans {_names(missing, tokenizer)} it should allow" if missing else "",
-                                          "bans every token" if not ids else "") if x))
+                                          "bans every token" if not ids else "") if x)
+                  + (f". Steps count from 0: step s chooses new token s + 1, so the line ends are steps "
+                     f"{', '.join(str(line * i - 1) for i in range(1, 5))}" if ids and ids <= marks and may is char_ids
+                     else ""))
             return False
     print(f"✓ your hook allows the right tokens at each of the {n} steps (probed after the opening of 「{text}」)")
 
@@ -575,7 +600,9 @@ def check_cached_greedy(fn, model, tokenizer, n_new: int = 12, prompts=DECODE_PR
                       f"{n_new} new ones after a prompt of {idx.shape[1]}; with the cache it takes "
                       f"{idx.shape[1] + n_new - 1}: the prompt once, then only each new token (the cache holds the rest)")
             elif len(ids) != len(expected):
-                print(f"✗ {label}: expected {len(expected)} new token ids, got {len(ids)}")
+                print(f"✗ {label}: expected {len(expected)} new token ids, got {len(ids)}"
+                      + (": that is the prompt and the new tokens; return only the new ones"
+                         if len(ids) == idx.shape[1] + n_new and ids[idx.shape[1]:] == expected else ""))
             else:
                 step = next(i for i, (a, b) in enumerate(zip(ids, expected)) if a != b)
                 print(f"✗ {label}: the tokens differ from step {step} on: expected {_show(expected, tokenizer)}, got "
@@ -829,9 +856,12 @@ def check_one_token_characters(fn, tokenizer, poems, ns=(20, 200)) -> bool:
         if missing:
             problems.append(f"leaves out {''.join(missing[:8])} (e.g. {missing[0]!r} occurs {counts[missing[0]]:,} "
                             f"times; the character at place {n} of the ranking occurs {nth:,} times)")
-        rare = [c for c in single + split if counts.get(c, 0) < nth]
+        if any(c in ("\n", "⏎") for c in single + split):
+            problems.append("includes the end of a poem, which is not one of the characters here: count the "
+                            "characters inside the poems, ''.join(poems)")
+        rare = [c for c in single + split if counts.get(c, 0) < nth and c not in ("\n", "⏎")]
         if rare:
-            problems.append(f"includes {''.join(rare[:8])}, which occur{'s' * (len(rare) == 1)} fewer than {nth:,} "
+            problems.append(f"includes {''.join(rare[:8])!r}, which occur{'s' * (len(rare) == 1)} fewer than {nth:,} "
                             f"times (e.g. {rare[0]!r}: {counts.get(rare[0], 0):,})")
         for c in single:
             if len(tokenizer.encode(c)) != 1:
@@ -1008,7 +1038,10 @@ def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明
         return True
     hints = [(abs(got - 100 * p) <= 100 * tol, "give a fraction, not a percentage"),
              (got > 1 and abs(got / draws - p) <= tol, f"that is a count: divide it by the {draws:,} draws"),
-             (got >= 1 - 1e-9, "every guess was kept: without q the guess is kept with probability p(x) / 1 = p(x)"),
+             (abs(got - (1 + p)) <= tol, "that counts the tokens a round writes (the kept guess and the one after "
+                                         "it): count only whether x was kept, accept_sampled's first value, 0 or 1"),
+             (abs(got - 1) <= tol, "every guess was kept: without q the guess is kept with probability p(x) / 1 = p(x)"),
+             (got > 1, "a share of the guesses cannot be more than 1"),
              (abs(got - (1 - p)) <= tol, "that is the share of rejected guesses"),
              (abs(got - bare) <= tol < abs(bare - p), f"that is p({guess}) after {prompt} without the separator in front: "
                                                       f"read it as a poem's opening, encode_prompt(tok, {prompt!r})")]
@@ -1076,7 +1109,10 @@ def check_bytes_per_token(fn, config, cases=((8, 16), (4, 16), (2, 16), (2, 32),
                                       f"scale and a float16 zero point) for every {group} numbers"),
                  (numbers * (bits / 8 + 2 / group), f"the zero point is a float16 too: 4 bytes of scale and zero point "
                                                     f"for every {group} numbers, not 2"),
-                 (want / 2, "count the values as well as the keys, in every layer")]
+                 (want / 2, "count the values as well as the keys, in every layer"),
+                 (want * 8, "that is in bits: divide by 8"),
+                 (numbers * (bits / 8 + 8 / group), f"the count of numbers already holds the keys and the values: 4 bytes "
+                                                    f"of scale and zero point for every {group} of them, not 8")]
         hint = lambda got, slips=slips: _hints(got, slips, math.isclose)  # noqa: E731
         passed &= _number_case(fn, (bits, group), f"{bits} bits, groups of {group}", "bytes",
                                lambda got, want=want: math.isclose(got, want, rel_tol=1e-9),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib import KVCache
+from kvlib import KVCache, generate
 from kvlib.notebook.exercises import check_cached_greedy
 
 
@@ -485,25 +485,31 @@ def test_check_best_gamma(capsys):
     assert_placeholder_reported(check_best_gamma)
 
 
-def test_check_kept_share(shipped_char, capsys):
+def certain_moon(model, tok):
+    """A draft that always guesses 月, and the target's probability of 月 after the opening 举头望明."""
     from kvlib import encode_prompt, probabilities
 
-    model, tok = shipped_char
     x = tok.encode("月")[0]
 
-    class Certain:  # a draft that always guesses 月
+    class Certain:
         def propose(self, tokens, gamma):
             return [x] * gamma, None
 
     with torch.inference_mode():
         p = float(probabilities(model(torch.tensor([encode_prompt(tok, "举头望明")]))[0][:, -1], 1.0)[0, x])
-    assert check_kept_share(p + 0.01, model, tok, Certain())
+    return Certain(), p
+
+
+def test_check_kept_share(shipped_char, capsys):
+    model, tok = shipped_char
+    draft, p = certain_moon(model, tok)
+    assert check_kept_share(p + 0.01, model, tok, draft)
     capsys.readouterr()
-    assert not check_kept_share(1.0, model, tok, Certain())
+    assert not check_kept_share(1.0, model, tok, draft)
     assert "Every guess was kept" in capsys.readouterr().out
-    assert not check_kept_share(100 * p, model, tok, Certain())
+    assert not check_kept_share(100 * p, model, tok, draft)
     assert "not a percentage" in capsys.readouterr().out
-    assert not check_kept_share(None, model, tok, Certain())
+    assert not check_kept_share(None, model, tok, draft)
     assert "still None" in capsys.readouterr().out
 
 
@@ -667,14 +673,54 @@ def test_notebook_6_and_8_checks_name_a_lone_tensor_a_count_and_a_guess_charged_
     charged_twice = lambda a, gc, vc: max(range(1, 9), key=lambda g: expected_tokens_per_round(a, g) / ((g + 1) * gc + vc))  # noqa: E731
     assert not check_best_gamma(charged_twice)
     assert "α = 0.8, a guess 0.5" in capsys.readouterr().out
-    x = tok.encode("月")[0]
-
-    class Certain:
-        def propose(self, tokens, gamma):
-            return [x] * gamma, None
-
-    from kvlib import encode_prompt, probabilities
-    with torch.inference_mode():
-        p = float(probabilities(model(torch.tensor([encode_prompt(tok, "举头望明")]))[0][:, -1], 1.0)[0, x])
-    assert not check_kept_share(round(2000 * p), model, tok, Certain())
+    draft, p = certain_moon(model, tok)
+    assert not check_kept_share(round(2000 * p), model, tok, draft)
     assert "divide it by the 2,000 draws" in capsys.readouterr().out
+
+
+def test_second_readings_slips_get_their_own_hints(shipped_char, bpe_tokenizer, capsys):
+    """An inclusive half, a crossing token dropped, probabilities returned, k - 1 kept, bits, a doubled scale,
+    tokens per round for a share, the poem end as a character, the prompt returned too, a generator."""
+    from kvlib import GPTConfig
+    from kvlib.notebook.exercises import check_bytes_per_token
+
+    model, tok = shipped_char
+    assert not check_half_cover(lambda p: int((p.sort(descending=True).values.cumsum(0) <= 0.5).sum()) + 1)
+    assert "a total of exactly 0.5 is enough" in capsys.readouterr().out
+
+    def drops_the_crossing_token(scores, p):
+        ranked, order = scores.softmax(-1).sort(dim=-1, descending=True, stable=True)
+        drop = ranked.cumsum(-1) > p
+        drop[:, 0] = False
+        return scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+
+    assert not check_top_p(drops_the_crossing_token)
+    assert "brings the total past p is kept too" in capsys.readouterr().out
+    assert not check_top_p(lambda scores, p: top_p_filter(scores, p).softmax(-1))
+    out = capsys.readouterr().out
+    assert "returned probabilities" in out and len(out.splitlines()) == 1
+    assert not check_top_k(lambda s, k: s.masked_fill(s <= s.topk(k, -1).values[:, -1:], float("-inf")))
+    assert "<, not <=" in capsys.readouterr().out
+    cfg = GPTConfig(vocab_size=100)
+    numbers = cfg.n_layer * 2 * cfg.n_embd
+    assert not check_bytes_per_token(lambda b, g: 8 * numbers * (b / 8 + 4 / g), cfg)
+    assert "in bits" in capsys.readouterr().out
+    assert not check_bytes_per_token(lambda b, g: numbers * (b / 8 + 8 / g), cfg)
+    assert "already holds the keys and the values" in capsys.readouterr().out
+    draft, p = certain_moon(model, tok)
+    assert not check_kept_share(1 + p, model, tok, draft)
+    assert "the tokens a round writes" in capsys.readouterr().out
+    poems = ["床前明月光，疑是地上霜。", "白日依山尽，黄河入海流。"]
+
+    def with_poem_ends(ps, tokenizer, n):
+        top = [c for c, _ in Counter("\n".join(ps) + "\n").most_common(n)]
+        return [c for c in top if len(tokenizer.encode(c)) == 1], [c for c in top if len(tokenizer.encode(c)) > 1]
+
+    assert not check_one_token_characters(with_poem_ends, bpe_tokenizer, poems, ns=(3,))
+    out = capsys.readouterr().out
+    assert "the end of a poem" in out and len(out.splitlines()) == 1
+    whole = lambda m, idx, n: idx[0].tolist() + generate(m, idx, n, temperature=0.0).new_tokens[0].tolist()  # noqa: E731
+    assert not check_cached_greedy(whole, model, tok, n_new=3)
+    assert "return only the new ones" in capsys.readouterr().out
+    assert check_cached_greedy(lambda m, idx, n: (t for t in generate(m, idx, n, temperature=0.0).new_tokens[0].tolist()),
+                               model, tok, n_new=3)

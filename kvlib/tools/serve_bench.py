@@ -15,6 +15,7 @@ import statistics
 
 import torch
 
+from ..checks import check_int
 from ..decoding import pad_prompts
 from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
@@ -183,6 +184,9 @@ def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int 
                     seed: int = 0, batch_size: int = 8, max_num_seqs: int = 32, max_new_tokens: int = 64,
                     repeats: int = 3, step_rounds: int = 5) -> dict:
     """The side-by-side report (JSON-able), on one thread."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 2, None, "an int >= 2: with one new token a request "
+                               "is all prefill, and there would be no decode passes to compare")
+    repeats = check_int("repeats", repeats, 1, None, "an int >= 1 (runs of each way, taking turns)")
     with threads(1):  # fastest at this size, and a busy second core makes every step wait
         return _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens,
                        repeats, step_rounds)

@@ -211,3 +211,11 @@ def test_the_decode_pace_ratio_splits_into_busy_rows_and_a_rows_cost(report):
         pace = runs["continuous"]["decode_tokens_per_s"] / runs[key]["decode_tokens_per_s"]
         assert f[key]["pace"] == pytest.approx(pace) == pytest.approx(f[key]["busy"] * f[key]["row_cost"])
     assert "rows writing a kept token" in format_report(report)
+
+
+@pytest.mark.parametrize("bad, said", [(dict(max_new_tokens=1), "max_new_tokens must be an int >= 2"),
+                                       (dict(repeats=0), "repeats must be an int >= 1")])
+def test_settings_that_leave_nothing_to_compare_are_refused(shipped_char, bad, said):
+    model, tok = shipped_char
+    with pytest.raises(ValueError, match=said):
+        run_serve_bench(model, tok, ["床前明月光，疑是地上霜。举头望明月，低头思故乡。"], n_requests=2, **bad)

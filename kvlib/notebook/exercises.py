@@ -113,10 +113,25 @@ def _as_ints(value) -> list[int | None] | None:
     return None if items is None else [_as_int(x) for x in items]
 
 
+def _sorted_ints(value) -> list[int] | None:
+    """Any collection of whole numbers (a list, set, range, tensor, ...), sorted; None if it is not one."""
+    try:
+        items = value.flatten().tolist() if isinstance(value, torch.Tensor) else list(value)
+    except TypeError:
+        return None
+    ints = [_as_int(x) for x in items]
+    return None if None in ints else sorted(ints)
+
+
+def _pair_of_ints(value) -> tuple | None:
+    """Two whole numbers as a tuple (None for an item that is not one), or None if ``value`` is not a pair."""
+    ints = _as_ints(value)
+    return tuple(ints) if ints is not None and len(ints) == 2 else None
+
+
 def _hints(got: float, candidates, close) -> str:
     """Every hint whose mistaken value ``got`` matches, as sentences ("" if none does)."""
-    said = list(dict.fromkeys(h for value, h in candidates if close(got, value)))
-    return "".join(f". {h[0].upper()}{h[1:]}" for h in said)
+    return _sentences(dict.fromkeys(h for value, h in candidates if close(got, value)))
 
 
 def _close(got: float, want: float, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
@@ -137,6 +152,25 @@ def _number_case(fn, args: tuple, label: str, name: str, close, said: str, expec
         return True
     print(f"✗ {label}: expected {expected}, got {got:,.6g}" + hint(got))
     return False
+
+
+def _exact_case(fn, args: tuple, label: str, want, convert, said, slip) -> bool:
+    """One case with one right answer: ✓ with ``said(answer)``, or ✗ with ``slip(answer, got)``, where ``got`` is what
+    ``fn`` returned and ``answer`` is ``convert(got)`` (None, or holding None, where ``got`` has the wrong form)."""
+    ok, got = _call(fn, *args, label=label)
+    if not ok:
+        return False
+    answer = convert(got)
+    if answer == want:
+        print(f"✓ {label}: {said(answer)}")
+        return True
+    print(f"✗ {label}: {slip(answer, got)}")
+    return False
+
+
+def _sentences(hints) -> str:
+    """Hints as sentences after a message: ". Hint one. Hint two" ("" for none)."""
+    return "".join(f". {h[0].upper()}{h[1:]}" for h in hints if h)
 
 
 # notebook 1 ------------------------------------------------------------------------------------------------
@@ -278,25 +312,17 @@ def check_half_cover(fn, model=None, tokenizer=None, prompts=("白日依山尽�
     passed = True
     for name, probs in cases.items():
         want = _half_cover(probs)
-        ok, got = _call(fn, probs.clone(), label=name)
-        if not ok:
-            passed = False
-            continue
-        n = _as_int(got)
-        if n == want:
-            print(f"✓ {name}: {n:,}")
-            continue
-        passed = False
-        unsorted = int((probs.cumsum(0) < 0.5).sum()) + 1
-        rising = int((probs.sort().values.cumsum(0) < 0.5).sum()) + 1    # sorted from the smallest up
-        inclusive = int((probs.sort(descending=True).values.cumsum(0) <= 0.5).sum()) + 1
-        hint = ("at least one half: a total of exactly 0.5 is enough, so stop at the token that reaches it"
-                if n == inclusive != want else
-                "sort the probabilities from the largest down before adding them up" if n in (unsorted, rising)
-                and n != want else "count the token that brings the total to one half, and stop there" if n == want + 1 or
-                n == want - 1 else "")
-        print(f"✗ {name}: expected {want:,}, got {_brief(got) if n is None else f'{n:,}'}" + (f". {hint[0].upper()}{hint[1:]}"
-                                                                                             if hint else ""))
+
+        def slip(n, got):
+            unsorted = int((probs.cumsum(0) < 0.5).sum()) + 1
+            rising = int((probs.sort().values.cumsum(0) < 0.5).sum()) + 1    # sorted from the smallest up
+            inclusive = int((probs.sort(descending=True).values.cumsum(0) <= 0.5).sum()) + 1
+            hint = ("at least one half: a total of exactly 0.5 is enough, so stop at the token that reaches it"
+                    if n == inclusive else "sort the probabilities from the largest down before adding them up"
+                    if n in (unsorted, rising) else "count the token that brings the total to one half, and stop there"
+                    if n in (want + 1, want - 1) else "")
+            return f"expected {want:,}, got {_brief(got) if n is None else f'{n:,}'}" + _sentences([hint])
+        passed &= _exact_case(fn, (probs.clone(),), name, want, _as_int, lambda n: f"{n:,}", slip)
     return passed
 
 
@@ -710,30 +736,17 @@ def check_token_forwards(fn, cases=((1, 1), (1, 120), (1, 300), (16, 10), (4, 12
     passed = True
     for P, N in cases:
         want = (N * P + N * (N - 1) // 2, P + N - 1)
-        label = f"prompt of {P}, {N} new token{'s' * (N > 1)}"
-        ok, got = _call(fn, P, N, label=label)
-        if not ok:
-            passed = False
-            continue
-        ints = _as_ints(got)
-        pair = tuple(ints) if ints is not None and len(ints) == 2 else None
-        if pair == want:
-            print(f"✓ {label}: {want[0]:,} without the cache, {want[1]:,} with it")
-            continue
-        passed = False
-        if pair is None or None in pair:
-            print(f"✗ {label}: expected a pair of whole numbers (recompute, cached), got {_brief(got)}")
-            continue
-        hints = []
-        if pair[1] == P + N:
-            hints.append("the last new token is never fed back: no step comes after it")
-        if pair[0] == N * P + N * (N + 1) // 2:
-            hints.append("step i (from 0) runs the prompt and the i tokens written so far: the last step runs "
-                         "P + N − 1 tokens, not P + N")
-        if P > 1 and pair[0] == N * (N + 1) // 2:
-            hints.append("every recompute step runs the whole prompt again")
-        print(f"✗ {label}: expected ({want[0]:,}, {want[1]:,}), got ({pair[0]:,}, {pair[1]:,})"
-              + "".join(f". {h[0].upper()}{h[1:]}" for h in hints))
+
+        def slip(pair, got):
+            if pair is None or None in pair:
+                return f"expected a pair of whole numbers (recompute, cached), got {_brief(got)}"
+            hints = ["the last new token is never fed back: no step comes after it" if pair[1] == P + N else "",
+                     "step i (from 0) runs the prompt and the i tokens written so far: the last step runs P + N − 1 "
+                     "tokens, not P + N" if pair[0] == N * P + N * (N + 1) // 2 else "",
+                     "every recompute step runs the whole prompt again" if P > 1 and pair[0] == N * (N + 1) // 2 else ""]
+            return f"expected ({want[0]:,}, {want[1]:,}), got ({pair[0]:,}, {pair[1]:,})" + _sentences(hints)
+        passed &= _exact_case(fn, (P, N), f"prompt of {P}, {N} new token{'s' * (N > 1)}", want, _pair_of_ints,
+                              lambda pair: f"{pair[0]:,} without the cache, {pair[1]:,} with it", slip)
     return passed
 
 
@@ -960,19 +973,15 @@ def check_prefix_hits(fn, model, prompts, sizes=(4, 8)) -> bool:
         for i, p in enumerate(prompts):
             want.append(pool.add_sequence(i, p))
             pool.forward(model, [i], [p[want[-1]:]])
-        label = f"{len(prompts)} prompts, blocks of {kv_block_size}"
-        ok, got = _call(fn, prompts, kv_block_size, label=label)
-        if not ok:
-            passed = False
-            continue
-        found = _as_ints(got)
-        if found == want:
-            print(f"✓ {label}: {want}")
-            continue
-        passed = False
-        print(f"✗ {label}: expected {want}, got {found if found is not None and None not in found else _brief(got)}"
-              + (". A prompt finds only what earlier prompts left in the pool: prefill each before adding the next"
-                 if found is not None and found[:1] == want[:1] and found != want and all(g == 0 for g in found) else ""))
+
+        def slip(found, got):
+            if found is None or None in found:
+                return f"expected {want}, got {_brief(got)}"
+            return f"expected {want}, got {found}" + _sentences([
+                "a prompt finds only what earlier prompts left in the pool: prefill each before adding the next"
+                if found[:1] == want[:1] and all(g == 0 for g in found) else ""])
+        passed &= _exact_case(fn, (prompts, kv_block_size), f"{len(prompts)} prompts, blocks of {kv_block_size}", want,
+                              _as_ints, str, slip)
     return passed
 
 
@@ -989,29 +998,23 @@ def check_best_gamma(fn, cases=((0.6, 0.05, 1.2), (0.9, 0.05, 1.2), (0.3, 0.05, 
                                 (0.8, 0.0, 1.0), (0.8, 0.5, 1.2)), gammas=range(1, 9)) -> bool:
     """``fn(alpha, guess_cost, verify_cost) -> gamma``: the γ in 1 … 8 that writes the most tokens per unit of cost,
     expected_tokens_per_round(α, γ) / (γ × guess_cost + verify_cost), costs in decode steps."""
+    from ..speculative import expected_tokens_per_round
+
     passed = True
     for alpha, guess, verify in cases:
         want = max(gammas, key=lambda g: _gain(alpha, g, guess, verify))
-        label = f"α = {alpha}, a guess {guess} and a verify pass {verify} decode steps"
-        ok, got = _call(fn, alpha, guess, verify, label=label)
-        if not ok:
-            passed = False
-            continue
-        g = _as_int(got)
-        if g == want:
-            print(f"✓ {label}: γ = {g} ({_gain(alpha, g, guess, verify):.3f} tokens per step of cost)")
-            continue
-        passed = False
-        if g is None or g not in gammas:
-            print(f"✗ {label}: expected γ = {want}, got {_brief(got)} (a whole number from {gammas[0]} to {gammas[-1]})")
-            continue
-        from ..speculative import expected_tokens_per_round
 
-        most = max(gammas, key=lambda k: expected_tokens_per_round(alpha, k))
-        hint = (". That γ writes the most tokens per call, but each guess costs too: divide by what the round costs"
-                if g == most and g != want and guess > 0 else "")
-        print(f"✗ {label}: expected γ = {want} ({_gain(alpha, want, guess, verify):.3f} tokens per step of cost), got "
-              f"γ = {g} ({_gain(alpha, g, guess, verify):.3f})" + hint)
+        def slip(g, got):
+            if g is None or g not in gammas:
+                return f"expected γ = {want}, got {_brief(got)} (a whole number from {gammas[0]} to {gammas[-1]})"
+            most = max(gammas, key=lambda k: expected_tokens_per_round(alpha, k))
+            return (f"expected γ = {want} ({_gain(alpha, want, guess, verify):.3f} tokens per step of cost), got "
+                    f"γ = {g} ({_gain(alpha, g, guess, verify):.3f})" + _sentences([
+                        "that γ writes the most tokens per call, but each guess costs too: divide by what the round costs"
+                        if g == most and guess > 0 else ""]))
+        passed &= _exact_case(fn, (alpha, guess, verify),
+                              f"α = {alpha}, a guess {guess} and a verify pass {verify} decode steps", want, _as_int,
+                              lambda g: f"γ = {g} ({_gain(alpha, g, guess, verify):.3f} tokens per step of cost)", slip)
     return passed
 
 
@@ -1062,25 +1065,15 @@ def check_blocks_to_free(fn, cases=BLOCK_CASES) -> bool:
     passed = True
     for before, after, size in cases:
         want = list(range(ceil_div(after, size), ceil_div(before, size)))
-        label = f"{before} → {after} slots, blocks of {size}"
-        ok, got = _call(fn, before, after, size, label=label)
-        if not ok:
-            passed = False
-            continue
-        try:
-            blocks = sorted(_as_int(b) for b in got)
-        except Exception:
-            blocks = None
-        if blocks == want:
-            print(f"✓ {label}: {want}")
-            continue
-        passed = False
-        if blocks is None or None in blocks:
-            print(f"✗ {label}: expected a list of block indices {want}, got {_brief(got)}")
-            continue
-        hint = (". A block holding even one slot stays in use: count the blocks in use as ceil(length / "
-                "kv_block_size), not length // kv_block_size" if blocks == list(range(after // size, before // size)) else "")
-        print(f"✗ {label}: expected {want}, got {blocks}" + hint)
+
+        def slip(blocks, got):
+            if blocks is None:
+                return f"expected a list of block indices {want}, got {_brief(got)}"
+            return f"expected {want}, got {blocks}" + _sentences([
+                "a block holding even one slot stays in use: count the blocks in use as ceil(length / kv_block_size), "
+                "not length // kv_block_size" if blocks == list(range(after // size, before // size)) else ""])
+        passed &= _exact_case(fn, (before, after, size), f"{before} → {after} slots, blocks of {size}", want,
+                              _sorted_ints, str, slip)
     return passed
 
 

@@ -313,25 +313,26 @@ def plot_cache_check(report) -> Figure:
     return fig
 
 
-def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", ranges: dict | None = None) -> Figure:
+def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", speedups: dict | None = None) -> Figure:
     """Median times (ms) of several loops against new tokens, and each loop's speed-up over ``baseline``.
 
     ``series`` maps a loop's name to its times, one per entry of ``ns``. The baseline (the first
-    series unless named) gets a quadratic fit, the others straight lines. ``ranges`` may map a loop's
-    name to one (low, high) speed-up per entry of ``ns`` (the ratio's range over interleaved rounds),
-    drawn as a bar through its point.
+    series unless named) gets a quadratic fit, the others straight lines. The right panel divides the
+    baseline's median by each loop's, unless ``speedups`` maps the loop's name to one (median, low, high)
+    per entry of ``ns``: the speed-up measured round by round in interleaved rounds (:class:`kvlib.timing.Timing`
+    of the rounds' ratios), drawn as its median with a bar from its low to its high: the numbers printed beside it.
     """
     ns = np.asarray(ns, dtype=float)
     series = {name: np.asarray(ms, dtype=float) for name, ms in series.items()}
     baseline = baseline or next(iter(series))
-    for name, pairs in (ranges or {}).items():
-        pairs = np.asarray(pairs, dtype=float)
+    for name, triples in (speedups or {}).items():
+        triples = np.asarray(triples, dtype=float)
         if name not in series or name == baseline:
-            raise ValueError(f"ranges names {name!r}; allowed are the series other than the baseline: "
+            raise ValueError(f"speedups names {name!r}; allowed are the series other than the baseline: "
                              f"{[n for n in series if n != baseline]}")
-        if pairs.shape != (len(ns), 2) or not np.all(pairs[:, 0] <= pairs[:, 1]):
-            raise ValueError(f"ranges[{name!r}] must hold one (low, high) pair with low <= high per entry of ns "
-                             f"({len(ns)}), got {pairs.tolist()!r:.120}")
+        if triples.shape != (len(ns), 3) or not np.all((triples[:, 1] <= triples[:, 0]) & (triples[:, 0] <= triples[:, 2])):
+            raise ValueError(f"speedups[{name!r}] must hold one (median, low, high) with low <= median <= high per "
+                             f"entry of ns ({len(ns)}), got {triples.tolist()!r:.120}")
     colors = ["tab:blue", HIGHLIGHT_COLOR, "tab:green", "tab:purple", "tab:brown"]
     fig = Figure(figsize=(MAX_WIDTH, 5.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, sharex=True)  # both panels: the same lengths
@@ -345,13 +346,14 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", 
             curve = np.polyval(np.polyfit(ns, ms, 1), grid)
         ax1.plot(ns, ms, "o", color=color, label=name)
         ax1.plot(grid, np.clip(curve, 0, None), "-", color=color, alpha=0.6)  # a time is never negative
-        if name != baseline:
+        if name == baseline:
+            continue
+        if speedups and name in speedups:
+            ups, low, high = np.asarray(speedups[name], dtype=float).T
+            ax2.errorbar(ns, ups, yerr=[ups - low, high - ups], fmt="none", color=color, capsize=4, alpha=0.8)
+        else:
             ups = series[baseline] / ms
-            ax2.plot(ns, ups, "o-", color=color, label=name)
-            if ranges and name in ranges:
-                low, high = np.asarray(ranges[name], dtype=float).T
-                ax2.errorbar(ns, ups, yerr=[np.clip(ups - low, 0, None), np.clip(high - ups, 0, None)],
-                             fmt="none", color=color, capsize=4, alpha=0.8)
+        ax2.plot(ns, ups, "o-", color=color, label=name)
     panel = MAX_WIDTH / 2 - 0.9
     ax1.set_xlabel("new tokens")
     ax1.set_ylabel("median time (ms)")
@@ -359,7 +361,7 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", 
     ax1.grid(alpha=0.3)
     ax2.set_xlabel("new tokens")
     ax2.set_ylabel(f"speed-up over {baseline}")
-    _set_title(ax2, f"speed-up = {baseline} time / cached time" + (" (bars: range over rounds)" if ranges else ""),
+    _set_title(ax2, f"speed-up = {baseline} time / cached time" + (" (median and range over rounds)" if speedups else ""),
                panel)
     ax2.set_ylim(0, None)
     ax2.grid(alpha=0.3)

@@ -493,12 +493,14 @@ def check_cache_shape(config, batch_size, max_len) -> tuple[int, int]:
     return batch_size, max_len
 
 
-def check_multi_head(config, what: str) -> None:
-    """``what`` stores one key/value head per query head: grouped or latent models are refused."""
+def check_multi_head(config, what: str, instead: str = "") -> None:
+    """``what`` keeps one key/value head per query head: grouped-query and latent models are refused, with
+    what to use ``instead`` if there is something."""
     if not config.multi_head:
-        raise ValueError(f"config must be a multi-head attention model's (n_kv_head=0, kv_latent=0): {what} stores "
-                         f"one key and value per query head, got n_kv_head={config.n_kv_head}, "
-                         f"kv_latent={config.kv_latent}")
+        kind = f"a latent of {config.kv_latent}" if config.kv_latent else f"{config.kv_heads} key/value head(s)"
+        raise ValueError(f"{what} needs a multi-head attention model (one key/value head per query head: n_kv_head=0, "
+                         f"kv_latent=0); this model has {config.n_head} query heads and {kind}"
+                         + (f": {instead}" if instead else ""))
 
 
 def check_tensor(name: str, t, what: str, ok=lambda t: True) -> torch.Tensor:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from .checks import check_gpt, check_int
+from .checks import check_gpt, check_int, check_multi_head
 from .model import GPT, GPTConfig
 
 __all__ = ["grouped", "latent"]
@@ -36,9 +36,7 @@ def _empty(config: GPTConfig) -> GPT:
 
 def _multi_head(model: GPT) -> GPTConfig:
     check_gpt(model)
-    if not model.config.multi_head:
-        raise ValueError(f"model must be a multi-head attention model (one key/value head per query head), got "
-                         f"{model.config}")
+    check_multi_head(model.config, "converting a model")
     return model.config
 
 

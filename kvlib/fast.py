@@ -47,7 +47,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError, check_int, check_model, one_at_a_time
+from .checks import ContextLimitError, check_int, check_model, check_multi_head, one_at_a_time
 from .model import GPT, KVCache, attention_mask, weights_key
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "head_logits", "run_blocks",
@@ -145,14 +145,6 @@ def step_weights(model: GPT) -> StepWeights:
         return hit[1]
 
 
-def check_multi_head(config, what: str) -> None:
-    """The lean step and the paged pool are written for plain multi-head attention."""
-    if not config.multi_head:
-        kind = f"a latent of {config.kv_latent}" if config.kv_latent else f"{config.kv_heads} key/value heads"
-        raise ValueError(f"{what} runs multi-head attention models (one key/value head per query head); this model "
-                         f"has {config.n_head} query heads and {kind}: decode it with decoder='model'")
-
-
 class FastDecoder:
     """A decoder with its own cache: ``dec(idx, key_mask=None, position_ids=None) -> (B, V)``.
 
@@ -173,7 +165,7 @@ class FastDecoder:
     def __init__(self, model: GPT, batch_size: int, max_len: int | None = None):
         check_model(model)
         cfg = model.config
-        check_multi_head(cfg, "FastDecoder")
+        check_multi_head(cfg, "FastDecoder", "decode it with decoder='model'")
         top = max(1, MAX_CACHE_ELEMENTS // (2 * cfg.n_layer * cfg.n_embd * cfg.block_size))
         check_int("batch_size", batch_size, 1, top, f"an int in [1, {top}] (a cache of at most 2**31 numbers)")
         probe = KVCache(cfg, batch_size, max_len, device="meta")  # checks batch_size and max_len, allocates nothing

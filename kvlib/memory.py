@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .checks import check_int
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
@@ -82,7 +84,7 @@ class ModelShape:
     @property
     def attention(self) -> str:
         g = self.n_head // self.n_kv_head
-        return "MHA" if g == 1 else f"GQA {g}:1"
+        return "MHA" if g == 1 else "MQA" if self.n_kv_head == 1 else f"GQA {g}:1"
 
     def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
         return 2 * self.n_layer * self.n_kv_head * self.head_dim * dtype_bytes(dtype)
@@ -114,11 +116,19 @@ def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
 
 
 def shape_of(name: str, config) -> ModelShape:
-    """The shape of one of our models from its ``GPTConfig``."""
-    if not all(hasattr(config, a) for a in ("n_layer", "n_head", "head_size", "n_embd", "vocab_size", "block_size")):
+    """The shape of one of our models from its ``GPTConfig``: multi-head or grouped-query attention. Its
+    parameters are counted on a model of that config built on the meta device (no memory, no random numbers)."""
+    from .model import GPT, GPTConfig
+
+    if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig (e.g. model.config), got {type(config).__name__}")
-    return ModelShape(name, config.n_layer, config.n_head, config.n_head, config.head_size,
-                      gpt2_params(config.n_layer, config.n_embd, config.vocab_size, config.block_size),
+    if config.kv_latent:
+        raise ValueError(f"shape_of describes caches of key/value heads; this config caches a latent of "
+                         f"{config.kv_latent} numbers per layer and position (MLA): its cache holds "
+                         f"{config.n_layer} x {config.kv_latent} numbers per token")
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in GPT(config).parameters())  # the tied head counted once
+    return ModelShape(name, config.n_layer, config.n_head, config.kv_heads, config.head_size, n_params,
                       config.block_size)
 
 
@@ -142,8 +152,12 @@ def table_rows(shapes=None, dtype: str = "bfloat16", tokens: int | None = None) 
     dtype_bytes(dtype)
     if tokens is not None:
         check_int("tokens", tokens, 1)
+    shapes = list((SHAPES if shapes is None else shapes).values() if isinstance(shapes, dict | None) else shapes)
+    for i, s in enumerate(shapes):
+        if not isinstance(s, ModelShape):
+            raise TypeError(f"shapes must be ModelShapes (e.g. list(SHAPES.values())), got {type(s).__name__} at {i}")
     rows = []
-    for s in (shapes or SHAPES.values()):
+    for s in shapes:
         n = s.context if tokens is None else tokens
         rows.append({"model": s.name, "attention": s.attention, "layers": s.n_layer,
                      "heads (q/kv)": f"{s.n_head}/{s.n_kv_head}", "head dim": s.head_dim,

@@ -23,9 +23,9 @@ from itertools import repeat
 import torch
 
 from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_choice, check_config, check_device,
-                     check_dtype, check_id_list, check_int, check_key, check_model, check_real)
+                     check_dtype, check_id_list, check_int, check_key, check_model, check_multi_head, check_real)
 from .decoding import DECODERS, generate
-from .fast import PagedStep, check_multi_head
+from .fast import PagedStep
 from .model import GPT, GPTConfig
 
 KV_BLOCK_SIZE = 16
@@ -65,7 +65,8 @@ class BlockPool:
 
     def __init__(self, config: GPTConfig, num_blocks: int, kv_block_size: int = KV_BLOCK_SIZE, device=None, dtype=None):
         check_config(config, GPTConfig)
-        check_multi_head(config, "the paged cache")
+        check_multi_head(config, "the paged cache", "so do the serving engine and parallel sampling built on it; "
+                         "decode this model with generate(..., decoder='model'), which keeps a KVCache")
         self.kv_block_size = check_int("kv_block_size", kv_block_size, 1, config.block_size,
                                        f"an int in [1, {config.block_size}] (the model's block size at most)")
         top = MAX_POSITIONS // self.kv_block_size

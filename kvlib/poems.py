@@ -92,7 +92,11 @@ def write(model, tokenizer, prompts: str | list[str] = "", max_new_tokens: int |
           temperature: float = 0.8, top_k: int | None = None, top_p: float | None = None,
           seed: int | None = 1337, generator: torch.Generator | None = None,
           n: int = 1) -> list[str]:
-    """Continue each prompt (``n`` samples of a single prompt) until the separator; prompt included."""
+    """Continue each prompt (``n`` samples of a single prompt) until the separator; prompt included.
+
+    Prompts of a list are padded to the longest: ``max_new_tokens`` must fit the model's block after it
+    (ContextLimitError says how many do); None writes as many as fit.
+    """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (poems per prompt) must be an int >= 1, got {n!r}")
     if isinstance(prompts, str):
@@ -102,7 +106,7 @@ def write(model, tokenizer, prompts: str | list[str] = "", max_new_tokens: int |
     else:
         raise TypeError(f"prompts must be a str or a list of str, got {prompts!r:.60}")
     result = write_ids(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, seed=seed, generator=generator)
+                       top_p=top_p, seed=seed, generator=generator, on_context_limit="raise")
     return [text + completion(tokenizer, result, b) for b, text in enumerate(texts)]
 
 
@@ -128,8 +132,11 @@ def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = N
         raise ContextLimitError(
             f"the prompt {longest[:12]!r}... is {idx.shape[1] - 1} tokens long; at most {block - 1} fit "
             f"the model's block of {block} (the poem separator takes one)")
+    room = block - idx.shape[1] + 1  # new tokens that fit after the padded prompts
     if max_new_tokens is None:
-        max_new_tokens = model.config.block_size - idx.shape[1] + 1
+        max_new_tokens = room
+    elif kwargs.get("on_context_limit") == "raise" and type(max_new_tokens) is int and max_new_tokens > room:
+        raise ContextLimitError.block_full(idx.shape[1], max_new_tokens, block)  # before writing anything
     kwargs["logits_hook"] = no_unk(tokenizer, kwargs.get("logits_hook"))
     return generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                     generator=generator, eos_id=tokenizer.eos_id,

@@ -173,10 +173,12 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 # ---- sizes -------------------------------------------------------------------------------------
 
 def fp_bytes_per_token(config: GPTConfig, dtype=torch.float32) -> int:
-    """Bytes one position takes in a full-precision cache: 2 (k, v) x layers x heads x head size x dtype."""
+    """Bytes one position takes in a full-precision cache (a ``KVCache``): every layer's keys and values,
+    2 x key/value heads x head size numbers (a latent model: its latent), times the dtype's size."""
     check_config(config, GPTConfig)
     check_float_dtype(dtype)
-    return 2 * config.n_layer * config.n_embd * torch.empty(0, dtype=dtype).element_size()
+    heads, key, value = config.cache_shape
+    return config.n_layer * heads * (key + value) * torch.empty(0, dtype=dtype).element_size()
 
 
 def quantized_bytes_per_token(config: GPTConfig, bits: int, group_size: int) -> float:
@@ -187,6 +189,7 @@ def quantized_bytes_per_token(config: GPTConfig, bits: int, group_size: int) -> 
     ``group_size`` channels (values).
     """
     check_config(config, GPTConfig)
+    check_multi_head(config, "QuantizedKVCache")
     bits = check_bits(bits)
     group_size = check_group_size(config, group_size)
     param = 2 * torch.empty(0, dtype=PARAM_DTYPE).element_size()   # scale + zero point

@@ -449,10 +449,18 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
     while queue:
         clock.wait_until(queue[0].arrival)
         now, batch = clock.now(), []
-        while queue and len(batch) < batch_size and queue[0].arrival <= now:
+        while (queue and len(batch) < batch_size and queue[0].arrival <= now
+               and _fits_together(batch + [queue[0]], model.config.block_size)):
             batch.append(queue.popleft())
         _run_static(model, batch, out, clock, decoder)
     return out
+
+
+def _fits_together(batch: list[Request], block_size: int) -> bool:
+    """Whether one padded batch writes every answer: its prompts are padded to the longest, and the batch runs
+    until its longest answer is written (the last token never fed back). One request alone always fits
+    (``_check_fits``); the next one that would not waits for the next batch."""
+    return max(len(r.prompt) for r in batch) + max(r.max_new_tokens for r in batch) - 1 <= block_size
 
 
 def run_one_at_a_time(model: GPT, requests: list[Request], decoder: str = "fast") -> RunResult:

@@ -264,6 +264,8 @@ API_CASES = [
     ("write empty list", lambda w: write(w.model, w.tok, []), ValueError, ["at least one prompt", "empty"]),
     ("write negative max_new_tokens", lambda w: write(w.model, w.tok, "春", -2), ValueError,
      ["max_new_tokens", "got -2"]),
+    ("write more new tokens than fit after the longest prompt", lambda w: write(w.model, w.tok, ["春", "春" * 10], 8),
+     ContextLimitError, ["11 prompt tokens", "at most 6 new tokens fit"]),
     ("top_next k 0", lambda w: top_next(w.model, w.tok, "春", 0), ValueError, ["k must be", r"\[1, \d+\]", "got 0"]),
     ("top_next k above vocabulary", lambda w: top_next(w.model, w.tok, "春", 10_000), ValueError,
      ["k must be", "got 10000"]),

@@ -89,7 +89,7 @@ def test_refusals_name_the_parameter(base):
         grouped(base, 3)
     with pytest.raises(ValueError, match=r"rank must be an int in \[1, 32\]"):
         latent(base, 33)
-    with pytest.raises(ValueError, match="must be a multi-head attention model"):
+    with pytest.raises(ValueError, match="converting a model needs a multi-head attention model.*2 key/value"):
         latent(grouped(base, 2), 4)
     with pytest.raises(ValueError, match=r"n_kv_head \(3\) must divide n_head \(4\)"):
         GPTConfig(vocab_size=8, n_head=4, n_kv_head=3)
@@ -97,7 +97,7 @@ def test_refusals_name_the_parameter(base):
         GPTConfig(vocab_size=8, n_kv_head=2, kv_latent=4)
     for what, build in (("FastDecoder", lambda m: FastDecoder(m, 1)),
                         ("the paged cache", lambda m: PagedKVCache(m.config, 4))):
-        with pytest.raises(ValueError, match=f"{what} runs multi-head attention models.*decoder='model'"):
+        with pytest.raises(ValueError, match=f"{what} needs a multi-head attention model.*decoder='model'"):
             build(grouped(base, 2))
 
 

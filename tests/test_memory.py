@@ -61,6 +61,29 @@ def test_our_model_agrees_with_kvcache():
     assert ours.kv_cache_bytes(64, 3, "float32") == KVCache(cfg, 3, 64).nbytes
 
 
+@pytest.mark.parametrize("n_kv_head, attention", [(0, "MHA"), (2, "GQA 2:1"), (1, "MQA")])
+def test_grouped_configs_count_their_own_heads_and_parameters(n_kv_head, attention):
+    from kvlib.model import GPT
+
+    cfg = GPTConfig(vocab_size=300, block_size=32, n_layer=2, n_head=4, n_embd=32, n_kv_head=n_kv_head)
+    shape = shape_of("ours", cfg)
+    assert shape.attention == attention and shape.n_kv_head == cfg.kv_heads
+    assert shape.kv_bytes_per_token("float32") == KVCache(cfg, 1).bytes_per_token
+    assert shape.n_params == sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def test_a_latent_config_is_refused_with_what_its_cache_holds():
+    with pytest.raises(ValueError, match="latent of 8 numbers.*2 x 8 numbers per token"):
+        shape_of("mla", GPTConfig(vocab_size=300, n_layer=2, kv_latent=8))
+
+
+def test_the_table_lists_exactly_the_shapes_given():
+    assert table_rows([]) == [] and len(table_rows()) == len(table_rows(SHAPES)) == len(SHAPES)
+    assert [r["model"] for r in table_rows([SHAPES["Llama 3 8B"]])] == ["Llama 3 8B"]
+    with pytest.raises(TypeError, match="ModelShapes.*got int at 0"):
+        table_rows([1])
+
+
 def test_bad_arguments_are_refused():
     s = SHAPES["GPT-2 small"]
     with pytest.raises(ValueError, match="dtype"):

@@ -110,6 +110,14 @@ def test_bytes_per_token_on_the_char_models_shape():
     assert quantized_bytes_per_token(cfg, 2, 32) == 384
 
 
+@pytest.mark.parametrize("extra", [{"n_kv_head": 2}, {"n_kv_head": 1}, {"kv_latent": 16}])
+def test_a_full_precision_position_of_a_shrunk_model_is_what_its_kvcache_stores(extra):
+    cfg = GPTConfig(vocab_size=100, **extra)
+    assert fp_bytes_per_token(cfg) == KVCache(cfg, 1).bytes_per_token < 4096
+    with pytest.raises(ValueError, match="QuantizedKVCache needs a multi-head attention model"):
+        quantized_bytes_per_token(cfg, 4, 16)
+
+
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_nbytes_is_codes_scales_zero_points_and_the_float_rest(bits, tiny_gpt):
     cfg = tiny_gpt.config                                                       # L=2, H=2, D=16

@@ -132,3 +132,15 @@ def test_the_watermark_keeps_room_to_grow(shipped_char):
     assert runs[0.25].preemptions < runs[0.0].preemptions
     assert runs[0.25].tokens == runs[0.0].tokens
     assert Engine(model, 40, kv_block_size=4, watermark=0.25).watermark_blocks == 10
+
+
+def test_a_static_batch_holds_only_requests_that_fit_together(tiny_gpt):
+    """Padded to its longest prompt and run until its longest answer, a batch must fit the block as a whole: a
+    request that would not fit with the others waits for the next batch, and every answer is written in full."""
+    block = tiny_gpt.config.block_size                            # 16
+    reqs = [Request(0, [1] * 10, 3), Request(1, [2, 3], 12), Request(2, [4] * 4, 5)]  # 10 + 12 - 1 > 16
+    static, one = run_static_batching(tiny_gpt, reqs, batch_size=3), run_one_at_a_time(tiny_gpt, reqs)
+    assert static.tokens == one.tokens
+    assert all(len(static.tokens[r.id]) == r.max_new_tokens for r in reqs)
+    assert static.prefill_passes == 2                             # [0], then [1, 2]: 4 + 12 - 1 fits
+    assert max(len(r.prompt) for r in reqs[1:]) + max(r.max_new_tokens for r in reqs[1:]) - 1 <= block

@@ -194,6 +194,15 @@ class PagedKVCache:
         self.copies_on_write = 0
         self._step: PagedStep | None = None  # the lean step, made on first use
 
+    @classmethod
+    def for_model(cls, model: GPT, num_blocks: int, kv_block_size: int = KV_BLOCK_SIZE, *,
+                  enable_prefix_caching: bool = True) -> "PagedKVCache":
+        """A cache for ``model``: its config, its weights' device and dtype."""
+        check_model(model)
+        weight = model.lm_head.weight
+        return cls(model.config, num_blocks, kv_block_size, enable_prefix_caching=enable_prefix_caching,
+                   device=weight.device, dtype=weight.dtype)
+
     # -- all or nothing ---------------------------------------------------------------------------
     @contextmanager
     def transaction(self):
@@ -621,8 +630,7 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
         num_blocks = need
     num_blocks = check_int("num_blocks", num_blocks, need, None,
                            f"None or an int >= {need} (blocks these prompts and steps need)")
-    cache = PagedKVCache(model.config, num_blocks, kv_block_size, enable_prefix_caching=False,
-                         device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
+    cache = PagedKVCache.for_model(model, num_blocks, kv_block_size, enable_prefix_caching=False)
     sids = list(range(len(prompts)))
     for sid, p in zip(sids, prompts):
         cache.add_sequence(sid, p)

@@ -132,9 +132,8 @@ class Engine:
         watermark = check_real("watermark", watermark, 0, 1, open_max=True,
                                allowed="the share of blocks kept free at admission, a number in [0, 1)")
         self.watermark_blocks = int(watermark * num_blocks)
-        p = model.lm_head.weight
-        self.cache = PagedKVCache(model.config, num_blocks, kv_block_size, enable_prefix_caching=enable_prefix_caching,
-                                  device=p.device, dtype=p.dtype)
+        self.cache = PagedKVCache.for_model(model, num_blocks, kv_block_size,
+                                            enable_prefix_caching=enable_prefix_caching)
         self.clock = clock or Clock()
         self.waiting: deque[RequestState] = deque()   # in arrival order; preempted ones go back to the front
         self.running: list[RequestState] = []         # in admission order: the last is the newest
@@ -502,7 +501,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     if len(banned) >= cfg.vocab_size:
         raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
     need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
-    cache = PagedKVCache(model.config, need, kv_block_size, enable_prefix_caching=False)
+    cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
     logits = cache.forward(model, [0], [prompt])
     prompt_blocks = list(cache.tables[0].blocks)

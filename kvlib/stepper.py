@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import ContextLimitError, check_int, check_pair, check_sampling, check_seed, check_text, one_at_a_time
+from .checks import (ContextLimitError, check_int, check_multi_head, check_pair, check_sampling, check_seed, check_text,
+                     one_at_a_time)
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .poems import encode_prompt, without_unk
@@ -67,6 +68,7 @@ def token_label(tokenizer, token_id: int) -> str:
         return raw.hex(" ")
 
 
+ONE_KEY_PER_HEAD = "it shows one key per query head; step a multi-head model such as the shipped tang-char"
 _locks: "weakref.WeakKeyDictionary[GPT, threading.Lock]" = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
@@ -108,6 +110,7 @@ class CacheStepper:
                  top_k: int | None = None, top_p: float | None = None, seed: int = 1337,
                  top: int = TOP, max_len: int | None = None):
         check_pair(model, tokenizer)
+        check_multi_head(model.config, "CacheStepper", ONE_KEY_PER_HEAD)
         temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
         self.model, self.tokenizer = model, tokenizer
         if not isinstance(prompt, str):

@@ -101,6 +101,17 @@ def test_refusals_name_the_parameter(base):
             build(grouped(base, 2))
 
 
+@pytest.mark.parametrize("shrink", [lambda m: grouped(m, 2), lambda m: grouped(m, 1), lambda m: latent(m, 8)])
+def test_the_cache_stepper_and_its_widget_refuse_a_shrunk_model_up_front(base, tiny_char_tokenizer, shrink):
+    from kvlib.notebook.cache_stepper import StepperWidget
+    from kvlib.stepper import CacheStepper
+
+    model = shrink(base)
+    for what, build in (("CacheStepper", CacheStepper), ("StepperWidget", StepperWidget)):
+        with pytest.raises(ValueError, match=f"{what} needs a multi-head attention model.*one key per query head"):
+            build(model, tiny_char_tokenizer, "床前")
+
+
 def test_an_old_configuration_loads_as_multi_head():
     cfg = GPTConfig(vocab_size=8)
     assert cfg.multi_head and cfg.kv_heads == cfg.n_head and cfg.cache_shape == (4, 32, 32)

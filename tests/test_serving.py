@@ -144,3 +144,13 @@ def test_a_static_batch_holds_only_requests_that_fit_together(tiny_gpt):
     assert all(len(static.tokens[r.id]) == r.max_new_tokens for r in reqs)
     assert static.prefill_passes == 2                             # [0], then [1, 2]: 4 + 12 - 1 fits
     assert max(len(r.prompt) for r in reqs[1:]) + max(r.max_new_tokens for r in reqs[1:]) - 1 <= block
+
+
+def test_parallel_sampling_keeps_its_cache_in_the_models_dtype(tiny_gpt):
+    """A float64 model gets a float64 pool (as the engine does), and samples like its float32 original."""
+    import copy
+
+    double = copy.deepcopy(tiny_gpt).double()
+    got = parallel_sample(double, [1, 2, 3], 3, 5, seed=4, kv_block_size=4)
+    assert [len(o) for o in got["outputs"]] == [5, 5, 5]
+    assert got["outputs"] == parallel_sample(tiny_gpt, [1, 2, 3], 3, 5, seed=4, kv_block_size=4)["outputs"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import html
 
-from ..checks import check_pair, check_seed
+from ..checks import check_multi_head, check_pair, check_seed
 from ..model import GPT
-from ..stepper import CacheStepper, StepView, token_label
+from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
                    error_message, frame, html_label, in_row, message_html, row, slider, step_buttons, unknown_message)
 from ..tokenizer import UnknownCharacterError
@@ -149,6 +149,7 @@ class StepperWidget:
         import ipywidgets as w
 
         check_pair(model, tokenizer)
+        check_multi_head(model.config, "StepperWidget", ONE_KEY_PER_HEAD)
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
         check_setting("temperature", temperature, *TEMPERATURE_RANGE)

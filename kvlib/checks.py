@@ -263,6 +263,21 @@ def _describe(x) -> str:
     return f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
+def check_cache_made_for(config, cache) -> None:
+    """A cache made for a model of ``config``: its own config if it keeps one, else (a ``KVCache``, which keeps
+    (L, B, H, max_len, D) tensors) its tensors' layers, heads and sizes."""
+    made_for = getattr(cache, "config", None)
+    if made_for is not None:
+        same = made_for == config
+    else:
+        k, v = getattr(cache, "k", None), getattr(cache, "v", None)
+        same = not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 5) or (
+            (*k.shape[::2], v.shape[-1]) == (config.n_layer, *config.cache_shape))
+    if not same:
+        raise ValueError(f"the cache was made for another configuration than the model's {config}: build it from "
+                         f"model.config (or with model.new_cache)")
+
+
 def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, last_only) -> None:
     """What ``GPT.forward`` needs: token ids (B, T), room in the cache and the block, matching masks."""
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
@@ -276,8 +291,15 @@ def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, la
     for name, t in (("key_mask", key_mask), ("position_ids", position_ids), ("targets", targets)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-    if cache is not None and cache.batch_size != B:
-        raise ValueError(f"the cache holds {cache.batch_size} sequence(s) but idx has {B} row(s)")
+    if cache is not None:
+        check_cache_made_for(config, cache)
+        if cache.batch_size != B:
+            raise ValueError(f"the cache holds {cache.batch_size} sequence(s) but idx has {B} row(s)")
+        written = getattr(cache, "position", None)  # a cache that drops positions numbers the next one itself
+        if position_ids is None and written is not None and written != cache.length:
+            raise ValueError(f"this cache keeps {cache.length} of the {written} positions written, so the new tokens "
+                             f"start at position {written}, not {cache.length}: pass position_ids="
+                             f"cache.next_positions(T) (kvlib.evict.forward_with_cache does)")
     start = cache.length if cache is not None else 0
     S = start + T
     if cache is not None and S > cache.max_len:
@@ -498,8 +520,8 @@ def check_multi_head(config, what: str, instead: str = "") -> None:
     what to use ``instead`` if there is something."""
     if not config.multi_head:
         kind = f"a latent of {config.kv_latent}" if config.kv_latent else f"{config.kv_heads} key/value head(s)"
-        raise ValueError(f"{what} needs a multi-head attention model (one key/value head per query head: n_kv_head=0, "
-                         f"kv_latent=0); this model has {config.n_head} query heads and {kind}"
+        raise ValueError(f"{what} needs a multi-head attention model's config (one key/value head per query head: "
+                         f"n_kv_head=0, kv_latent=0); this config has {config.n_head} query heads and {kind}"
                          + (f": {instead}" if instead else ""))
 
 

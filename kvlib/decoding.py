@@ -12,8 +12,8 @@ import torch
 
 import inspect
 
-from .checks import (ContextLimitError, check_generator, check_gpt, check_int, check_logits, check_model, check_prompt,
-                     check_sampling, check_token_lists, check_weights)
+from .checks import (ContextLimitError, check_cache_made_for, check_generator, check_gpt, check_int, check_logits,
+                     check_model, check_prompt, check_sampling, check_token_lists, check_weights)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
 from .model import GPT, Cache, KVCache
@@ -143,16 +143,7 @@ def check_cache(model, cache) -> None:
     if isinstance(cache, type) or not isinstance(cache, Cache):
         raise TypeError(f"cache must be a kvlib cache (KVCache, QuantizedKVCache, SlidingWindowCache, ...), "
                         f"got {cache!r:.60}")
-    cfg = model.config
-    config = getattr(cache, "config", None)
-    if config is not None:
-        made_for = config == cfg
-    else:  # a KVCache keeps (L, B, H, max_len, D) tensors, no configuration
-        shape = (*cache.k.shape[::2], cache.v.shape[-1]) if isinstance(cache, KVCache) else None  # (L, H, D, D)
-        made_for = shape is None or shape == (cfg.n_layer, *cfg.cache_shape)
-    if not made_for:
-        raise ValueError(f"cache was made for another configuration than the model's {cfg}: build it from "
-                         f"model.config (or with model.new_cache)")
+    check_cache_made_for(model.config, cache)
 
 
 def check_cache_class(cache_class, settings: dict) -> None:

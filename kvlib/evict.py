@@ -12,8 +12,8 @@ How these caches meet :class:`kvlib.model.Cache` and ``GPT.forward``:
 - ``position`` counts the positions written so far: the next token's position. Once something is
   evicted it differs from ``length``, so the forward pass must be given the positions:
   :func:`forward_with_cache` (and :func:`kvlib.decoding.cache_decoder` for ``generate``) passes
-  ``position_ids = cache.next_positions(T)``. Calling ``model(idx, cache=cache)`` without them would
-  number the new tokens from ``length``: the positions would be wrong after the first eviction.
+  ``position_ids = cache.next_positions(T)``. Without them ``GPT.forward`` would number the new tokens
+  from ``length``, wrong after the first eviction, so it refuses: it says which positions to pass.
 - ``write`` appends the chunk and returns every kept key plus the chunk; eviction happens in
   ``advance``, after the last layer. A prompt is therefore prefilled in full (every prompt token sees
   every earlier one) and cut down to the budget afterwards; decoding one token at a time, each new

@@ -23,7 +23,8 @@ from itertools import repeat
 import torch
 
 from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_choice, check_config, check_device,
-                     check_dtype, check_id_list, check_int, check_key, check_model, check_multi_head, check_real)
+                     check_cache_made_for, check_dtype, check_id_list, check_int, check_key, check_model, check_multi_head,
+                     check_real)
 from .decoding import DECODERS, generate
 from .fast import PagedStep
 from .model import GPT, GPTConfig
@@ -446,10 +447,7 @@ class PagedKVCache:
         """
         check_model(model)
         check_choice("decoder", decoder, tuple(DECODERS))
-        cfg = self.config
-        if any(getattr(model.config, a) != getattr(cfg, a) for a in ("vocab_size", "n_layer", "n_head", "n_embd")):
-            raise ValueError(f"model does not match this cache: the cache was made for {cfg}, got a model with "
-                             f"{model.config}")
+        check_cache_made_for(model.config, self)
         with self.transaction():  # refused or interrupted: the reserved blocks and copies are undone
             return self._forward(model, self.batch(sids, new_tokens), decoder)
 

@@ -66,3 +66,23 @@ def test_a_paged_roll_back_releases_blocks_and_copies_a_block_a_prefix_may_find(
     with pytest.raises(ValueError, match=r"\bn\b"):
         paged.truncate("a", 7)
     assert paged.tables["a"].blocks[1] == kept
+
+
+def test_a_cache_made_for_another_configuration_is_refused_before_anything_is_written(tiny_gpt):
+    """Fewer layers, another block size: GPT.forward and the paged cache say so up front, and the cache stays empty."""
+    from dataclasses import replace
+
+    from kvlib import GPT, QuantizedKVCache, SlidingWindowCache
+
+    cfg = tiny_gpt.config
+    idx = torch.ones(1, 3, dtype=torch.long)
+    shallow = replace(cfg, n_layer=cfg.n_layer - 1) if cfg.n_layer > 1 else replace(cfg, n_layer=2)
+    for cache in (GPT(shallow).new_cache(1), QuantizedKVCache(shallow, 1), SlidingWindowCache(shallow, 1, window=4)):
+        with pytest.raises(ValueError, match="made for another configuration"):
+            tiny_gpt(idx, cache=cache)
+        assert cache.length == 0
+    paged = PagedKVCache(replace(cfg, block_size=2 * cfg.block_size), 8, 4)
+    paged.add_sequence(0, [1] * 3)
+    with pytest.raises(ValueError, match="made for another configuration"):
+        paged.forward(tiny_gpt, [0], [[1] * 3])
+    assert paged.tables[0].length == 0 and paged.used_blocks() == 0

@@ -69,16 +69,23 @@ def test_the_kept_positions_are_the_sinks_and_the_window_and_evicting_is_masking
             assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_without_the_positions_the_model_would_number_tokens_from_the_kept_count(tiny_gpt):
+@pytest.mark.parametrize("make", [lambda cfg: SlidingWindowCache(cfg, 1, window=4),
+                                  lambda cfg: SinkCache(cfg, 1, sinks=1, window=3)])
+def test_after_an_eviction_the_model_needs_the_positions_and_says_which(tiny_gpt, make):
+    """Numbered from the kept count (4), the next token would be another token entirely: GPT.forward refuses, the
+    cache and its numbering unchanged, and with the positions the cache gives it computes what forward_with_cache does."""
     idx = tokens(tiny_gpt, 10, seed=2)
-    right, wrong = SlidingWindowCache(tiny_gpt.config, 1, window=4), SlidingWindowCache(tiny_gpt.config, 1, window=4)
+    right, other = make(tiny_gpt.config), make(tiny_gpt.config)
     with torch.inference_mode():
         forward_with_cache(tiny_gpt, idx[:, :9], right)
-        tiny_gpt(idx[:, :9], cache=wrong)
-        assert right.next_positions(1).tolist() == [[9]] and right.length == 4
+        tiny_gpt(idx[:, :9], cache=other)                       # a fresh cache: positions 0-8 are right
+        assert right.next_positions(1).tolist() == [[9]] and right.length == other.length == 4
+        with pytest.raises(ValueError, match=r"keeps 4 of the 9 positions.*start at position 9, not 4.*next_positions"):
+            tiny_gpt(idx[:, 9:], cache=other)
+        assert other.length == 4 and other.position == 9
         a = forward_with_cache(tiny_gpt, idx[:, 9:], right)[0]
-        b = tiny_gpt(idx[:, 9:], cache=wrong)[0]                # numbered 4: another token entirely
-    assert not torch.allclose(a, b, atol=1e-3)
+        b = tiny_gpt(idx[:, 9:], cache=other, position_ids=other.next_positions(1))[0]
+    assert torch.allclose(a, b)
 
 
 def test_heavy_hitters_are_the_most_attended_keys_plus_the_recent_ones(tiny_gpt):

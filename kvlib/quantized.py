@@ -37,6 +37,7 @@ __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack
 
 BITS = (2, 4, 8)
 PARAM_DTYPE = torch.float16  # scales and zero points
+PARAM_MAX = torch.finfo(PARAM_DTYPE).max  # 65504: larger values would give an infinite zero point or scale
 
 
 def check_bits(bits) -> int:
@@ -69,6 +70,14 @@ def check_quantize(x, bits, dim, group) -> None:
     _check_groups(x, dim, group, "x")
     if x.device.type != "meta" and not bool(torch.isfinite(x).all()):
         raise ValueError("x holds NaN or inf; allowed are finite values (a group's range must be finite)")
+    check_in_param_range("x", x)
+
+
+def check_in_param_range(name: str, x: torch.Tensor) -> None:
+    """Values a float16 zero point and scale can describe: within ±65504, the largest float16."""
+    if x.numel() and x.device.type != "meta" and (big := float(x.abs().max())) > PARAM_MAX:
+        raise ValueError(f"{name} holds a value of size {big:.4g}; allowed are values within ±{PARAM_MAX:g} (each "
+                         f"group's zero point and scale are stored in float16)")
 
 
 def check_dequantize(codes, scale, zero, dim, group, dtype) -> None:
@@ -234,11 +243,11 @@ class QuantizedStore:
 
     def check_append(self, x, name: str = "x") -> None:
         """``x`` (B, H, T, D) fits the store: finite floats, the shape, dtype and device of what it holds."""
+        check_in_param_range(name, check_chunk(name, x, (None,) * 4))
         if self.residual is not None:
             B, H, _, D = self.residual.shape
             check_chunk(name, x, (B, H, None, D), self.residual)
             return
-        x = check_chunk(name, x, (None,) * 4)
         D = x.shape[3]
         if (D * self.bits) % 8 or (self.dim == 3 and D % self.group):
             rule = f"a multiple of {8 // self.bits}" + (f" and of group={self.group}" if self.dim == 3 else "")
@@ -338,8 +347,8 @@ class QuantizedKVCache:
         check_int("layer", layer, 0, self.config.n_layer - 1)
         shape = (self.batch_size, self.config.n_head, None, self.config.head_size)
         like = next((s.residual for s in self.keys if s.residual is not None), None)
-        check_chunk("k", k, shape, like)
-        check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like)
+        check_in_param_range("k", check_chunk("k", k, shape, like))
+        check_in_param_range("v", check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like))
         if self.length + k.shape[2] > self.max_len:
             raise ContextLimitError.cache_full(k.shape[2], self.length, self.max_len)
 

@@ -261,3 +261,18 @@ def test_a_config_that_is_not_a_gpt_config_is_refused():
         QuantizedKVCache({"n_layer": 4}, 1)
     with pytest.raises(ValueError, match="bits must be 2, 4 or 8"):
         quantized_bytes_per_token(GPTConfig(vocab_size=10), 16, 16)
+
+
+def test_values_beyond_float16_are_refused_instead_of_turning_into_nan():
+    """A zero point or scale past 65504 would be infinite in float16, and every dequantised value NaN."""
+    edge = torch.tensor([[0.0, 65504.0, -65504.0, 5.0]])
+    back = dequantize(*quantize(edge, 8, 1, 4), 1, 4)
+    assert torch.isfinite(back).all() and (back - edge).abs().max() <= 514 / 2
+    with pytest.raises(ValueError, match=r"x holds a value of size 1e\+06; allowed are values within ±65504"):
+        quantize(torch.tensor([[0.0, 1e6, -1e6, 5.0]]), 8, 1, 4)
+    cache = QuantizedKVCache(GPTConfig(vocab_size=10), 1)
+    big, fine = torch.full((1, 4, 1, 32), 1e5), torch.zeros(1, 4, 1, 32)
+    for k, v, name in ((big, fine, "k"), (fine, big, "v")):
+        with pytest.raises(ValueError, match=f"{name} holds a value of size 1e\\+05"):
+            cache.write(0, k, v)
+    assert cache.length == 0 and all(s.length == 0 for s in cache.keys + cache.values)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -143,7 +143,8 @@ class Engine:
         self._stepping = threading.Lock()
 
     def add(self, request: Request) -> None:
-        """Queue a request; refused (and nothing queued) if it cannot fit the model or repeats an id."""
+        """Queue a copy of the request (changing it afterwards changes nothing here); refused, and nothing queued,
+        if it cannot fit the model or repeats an id."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be a kvlib.serving.Request, got {type(request).__name__}")
         with one_at_a_time(self._stepping, "Engine.add"):
@@ -162,7 +163,7 @@ class Engine:
                              f"in [0, {cfg.vocab_size})")
         if any(s.id == request.id for s in (*self.waiting, *self.running, *self.finished)):
             raise ValueError(f"request id {request.id} is already in this engine; ids must be unique")
-        self.waiting.append(RequestState(request))
+        self.waiting.append(RequestState(replace(request, prompt=list(request.prompt))))
 
     @property
     def has_work(self) -> bool:

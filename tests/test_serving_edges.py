@@ -49,6 +49,20 @@ def test_a_request_that_cannot_fit_is_refused_and_the_engine_stays_as_it_was(tin
     assert [len(s.output) for s in engine.finished] == [4]
 
 
+def test_changing_a_request_after_adding_it_changes_nothing_in_the_engine(tiny_gpt):
+    """The engine queues a copy: a request stretched past the block, or its prompt edited, after ``add`` is served as
+    it was added (before, the stretched one crashed inside the model at the block's end, and the engine with it)."""
+    engine = Engine(tiny_gpt, 64, kv_block_size=4)
+    request = Request(0, [1, 2, 3], 4)
+    engine.add(request)
+    request.max_new_tokens = 10 * tiny_gpt.config.block_size
+    request.prompt.append(5)
+    while engine.has_work:
+        engine.step()
+    (served,) = engine.finished
+    assert served.request.prompt == [1, 2, 3] and len(served.output) == 4
+
+
 def test_two_threads_stepping_one_engine_are_refused_clearly(tiny_gpt):
     engine = Engine(tiny_gpt, 64, kv_block_size=4)
     for i in range(4):

@@ -438,13 +438,15 @@ def check_id_list(name: str, ids, vocab_size: int | None = None, *, min_len: int
 
 
 def check_key(name: str, key) -> object:
-    """A key for a dict (a sequence id, say): hashable, and not a float NaN that never equals itself."""
+    """A key for a dict (a sequence id, say): hashable, and neither a bool nor a float, which would equal an int key
+    (True == 1, 0.0 == 0) or, as NaN, never equal itself."""
     try:
         hash(key)
     except TypeError:
         raise TypeError(f"{name} must be hashable (an int or a str, say), got {type(key).__name__}") from None
-    if isinstance(key, float) and math.isnan(key):
-        raise ValueError(f"{name} must equal itself (an int or a str, say), got nan")
+    if isinstance(key, (bool, float)):
+        raise TypeError(f"{name} must be an int or a str, say, not a {type(key).__name__} (True equals the id 1, 0.0 "
+                        f"the id 0, NaN not even itself), got {key!r}")
     return key
 
 
@@ -474,9 +476,16 @@ def check_device(device, name: str = "device"):
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"{name} must be None, a str (e.g. 'cpu') or a torch.device, got {device!r:.60}")
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except RuntimeError:
         raise ValueError(f"{name} must name a device (e.g. 'cpu', 'cuda:0'), got {device!r:.60}") from None
+    if device.type != "meta":
+        try:
+            torch.empty(0, device=device)  # a device this PyTorch build and machine have
+        except (RuntimeError, AssertionError) as e:
+            raise ValueError(f"{name} {str(device)!r} is not available here ({str(e).splitlines()[0]}); "
+                             f"'cpu' always is") from None
+    return device
 
 
 class one_at_a_time:

@@ -260,8 +260,12 @@ class Engine:
             preempted = self._preempt_for_decode()
             seqs, new = self.running, [[s.last_token] for s in self.running]
         else:  # nothing has arrived yet: skip ahead to the next arrival
-            self.clock.wait_until(self.waiting[0].request.arrival)
-            record = StepRecord("idle", self.clock.now(), [])
+            arrival = self.waiting[0].request.arrival
+            self.clock.wait_until(arrival)
+            if (now := self.clock.now()) < arrival:
+                raise RuntimeError(f"the clock stood still: after wait_until({arrival:g}) its now() is {now:g}, so "
+                                   f"the engine would wait forever; a clock's wait_until(t) must bring now() to t")
+            record = StepRecord("idle", now, [])
             self.history.append(record)
             return record
         logits = self.cache._forward_own(self.model, [s.id for s in seqs], new, self.decoder)

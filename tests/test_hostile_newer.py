@@ -176,7 +176,8 @@ for entry in ("blocks_needed", "can_allocate"):
         _cache, cache_state)
 add("paged", "PagedKVCache.add_sequence", "prompt", bad_id_lists() + [([1] * (BLOCK + 1), ValueError)],
     lambda w, o, v: o.add_sequence(7, v), _cache, cache_state)
-add("paged", "PagedKVCache.add_sequence", "sid", [([1], TypeError), ({}, TypeError), (NAN, ValueError)],
+add("paged", "PagedKVCache.add_sequence", "sid",
+    [([1], TypeError), ({}, TypeError), (NAN, TypeError), (True, TypeError), (0.0, TypeError)],
     lambda w, o, v: o.add_sequence(v, [1, 2]), _cache, cache_state)
 add("paged", "PagedKVCache.add_sequence", "already", [(0, ValueError), (1, ValueError)],
     lambda w, o, v: o.add_sequence(v, [1, 2]), _cache, cache_state)
@@ -186,7 +187,7 @@ add("paged", "PagedKVCache.table", "sid", [([0], TypeError), ({0: 1}, TypeError)
     lambda w, o, v: o.table(v), _cache, cache_state)
 add("paged", "PagedKVCache.fork", "no sequence", [(9, KeyError), (-1, KeyError)],
     lambda w, o, v: o.fork(v, 5), _cache, cache_state)
-add("paged", "PagedKVCache.fork", "child", [([5], TypeError), (NAN, ValueError)],
+add("paged", "PagedKVCache.fork", "child", [([5], TypeError), (NAN, TypeError), (True, TypeError)],
     lambda w, o, v: o.fork(0, v), _cache, cache_state)
 add("paged", "PagedKVCache.fork", "already", [(0, ValueError), (1, ValueError)],
     lambda w, o, v: o.fork(0, v), _cache, cache_state)

@@ -187,3 +187,38 @@ def test_a_refused_batch_evicts_no_cached_prefix(tiny_gpt):
     with pytest.raises(ValueError, match="token id"):
         cache.forward(tiny_gpt, ["b"], [[20, tiny_gpt.config.vocab_size]])
     assert cache.pool.by_hash == cached and cache.add_sequence("c", prompt) == 8
+
+
+def test_a_bool_or_float_sequence_id_is_refused_not_taken_for_an_int(tiny_gpt):
+    """True == 1 and 0.0 == 0 as dict keys: acting on sequence 0 or 1 instead would be silent; they are refused."""
+    cache = PagedKVCache(tiny_gpt.config, 8, 4)
+    cache.add_sequence(0, [1, 2])
+    cache.add_sequence(1, [3])
+    before = {sid: list(t.token_ids) for sid, t in cache.tables.items()}
+    for bad in (True, 0.0, float("nan")):
+        with pytest.raises(TypeError, match=f"must be an int or a str.*not a {type(bad).__name__}"):
+            cache.forward(tiny_gpt, [bad], [[1]])
+        with pytest.raises(TypeError, match="must be an int or a str"):
+            cache.add_sequence(bad, [1])
+    assert {sid: list(t.token_ids) for sid, t in cache.tables.items()} == before
+
+
+def test_a_device_this_machine_lacks_is_refused_clearly(tiny_gpt):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="device 'cuda:7' is not available here.*'cpu' always is"):
+        PagedKVCache(tiny_gpt.config, 4, 4, device="cuda:7")
+
+
+def test_a_clock_that_stands_still_stops_the_engine_instead_of_idling_forever(tiny_gpt):
+    class Frozen:
+        def now(self):
+            return 0.0
+
+        def wait_until(self, t):
+            pass
+
+    engine = Engine(tiny_gpt, 16, kv_block_size=4, clock=Frozen())
+    engine.add(Request(0, [1, 2], 2, arrival=1.0))
+    with pytest.raises(RuntimeError, match=r"clock stood still: after wait_until\(1\) its now\(\) is 0"):
+        engine.step()

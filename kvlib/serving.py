@@ -34,10 +34,10 @@ class Request:
     arrival: float = 0.0    # seconds after the start of the trace
 
     def __post_init__(self):
-        check_int("id", self.id, 0)
+        self.id = check_int("id", self.id, 0)
         self.prompt = check_id_list("prompt", self.prompt)
-        check_int("max_new_tokens", self.max_new_tokens, 1)
-        check_real("arrival", self.arrival, 0, allowed="a finite number of seconds >= 0")
+        self.max_new_tokens = check_int("max_new_tokens", self.max_new_tokens, 1)
+        self.arrival = check_real("arrival", self.arrival, 0, allowed="a finite number of seconds >= 0")
 
 
 class Clock:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
-                     check_model, check_real, check_sampling, one_at_a_time)
+                     check_logits, check_model, check_real, check_sampling, one_at_a_time)
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .model import GPT
@@ -57,7 +57,8 @@ class Draft:
 
     def propose(self, tokens: list[int], gamma: int, settings=(0.0, None, None),
                 generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor | None]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define propose(tokens, gamma, settings, generator) "
+                                  f"-> (guesses, q): a draft is a subclass of Draft that does")
 
 
 class NgramDraft(Draft):
@@ -258,8 +259,7 @@ def accept_greedy(drafted: list[int], target_logits: torch.Tensor) -> tuple[int,
     if n_rows != len(drafted) + 1 or V == 0:
         raise ValueError(f"target_logits must have shape (n + 1, V) = ({len(drafted) + 1}, V >= 1) for "
                          f"{len(drafted)} drafted tokens, got {tuple(target_logits.shape)}")
-    if bool(target_logits.isnan().any()):
-        raise ValueError("target_logits must hold no NaN: allowed are finite values and -inf for banned tokens")
+    check_logits(target_logits, "target_logits")  # no NaN, no +inf, a finite entry in every row
     choice = target_logits.argmax(dim=-1).tolist()                   # the target's greedy token after each prefix
     n = 0
     while n < len(drafted) and drafted[n] == choice[n]:
@@ -446,7 +446,12 @@ class SpeculativeDecoder:
         room = min(self.max_new_tokens, self.budget) - self.n_new - 1  # guesses that can still be used
         gamma = min(self.gamma, room)
         greedy = self.settings[0] == 0
-        drafted, q = self.draft.propose(self.tokens, gamma, self.settings, self.generator) if gamma > 0 else ([], None)
+        proposal = self.draft.propose(self.tokens, gamma, self.settings, self.generator) if gamma > 0 else ([], None)
+        if not (isinstance(proposal, tuple) and len(proposal) == 2 and isinstance(proposal[0], (list, tuple))
+                and (proposal[1] is None or isinstance(proposal[1], torch.Tensor))):
+            raise TypeError(f"{type(self.draft).__name__}.propose must return a pair (guesses, q): a list of token ids "
+                            f"and an (n, V) tensor of the draft's probabilities or None, got {proposal!r:.80}")
+        drafted, q = proposal
         drafted = list(drafted[:gamma])
         if greedy and self.banned:
             drafted = next((drafted[:i] for i, t in enumerate(drafted) if t in self.banned), drafted)
@@ -506,8 +511,25 @@ def speculative_generate(model: GPT, draft: Draft, idx: torch.Tensor, max_new_to
 # ``costs`` holds ``step_us`` (one decode step) and ``verify_us`` (a verify pass of T tokens, by T), as
 # ``kvlib.tools.spec_bench.piece_costs`` measures them; ``guess_us`` is one guess of the draft.
 
+def check_costs(costs, guess_us, gamma: int | None = None) -> None:
+    """Measured costs in µs: ``costs`` a dict with "step_us" (one plain decode step, > 0) and "verify_us" (a dict from
+    tokens per verify pass, 1, 2, ..., to its cost, each > 0); a guess's cost ``guess_us`` >= 0; γ >= 1 when given."""
+    if not (isinstance(costs, dict) and "step_us" in costs and isinstance(costs.get("verify_us"), dict)
+            and costs["verify_us"]):
+        raise TypeError(f"costs must be a dict with 'step_us' and 'verify_us' (µs per verify pass, by tokens "
+                        f"verified), as the speculate command measures them, got {costs!r:.80}")
+    check_real("costs['step_us']", costs["step_us"], 0, open_min=True, allowed="a finite time in µs > 0")
+    for tokens, us in costs["verify_us"].items():
+        check_int("a token count of costs['verify_us']", tokens, 1)
+        check_real(f"costs['verify_us'][{tokens}]", us, 0, allowed="a finite time in µs >= 0")
+    check_real("guess_us", guess_us, 0, allowed="a finite time in µs >= 0")
+    if gamma is not None:
+        check_int("gamma", gamma, 1)
+
+
 def round_us(costs: dict, guess_us: float, gamma: int) -> float:
     """What one round costs: γ guesses and one verify pass of γ + 1 tokens."""
+    check_costs(costs, guess_us, gamma)
     return gamma * guess_us + costs["verify_us"][min(gamma + 1, max(costs["verify_us"]))]
 
 
@@ -520,6 +542,7 @@ def perfect_draft_speedup(costs: dict, guess_us: float, gammas=tuple(range(1, 9)
 def alpha_needed(costs: dict, guess_us: float, gamma: int, speedup: float = 1.3) -> float | None:
     """The smallest α whose expected tokens a round, (1 − α^(γ+1)) / (1 − α), make a round ``speedup``
     times cheaper per token than plain decode steps; None when even α = 1 cannot."""
+    check_real("speedup", speedup, 0, open_min=True, allowed="a finite number > 0")
     need = speedup * round_us(costs, guess_us, gamma) / costs["step_us"]  # tokens a round must write
     if need > gamma + 1:
         return None

@@ -11,7 +11,8 @@ from kvlib.fast import FastDecoder
 from kvlib.model import GPT, GPTConfig
 from kvlib.sampling import probabilities
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
-                               accept_sampled, expected_tokens_per_round, speculative_generate)
+                               accept_sampled, alpha_needed, expected_tokens_per_round, perfect_draft_speedup,
+                               round_us, speculative_generate)
 from kvlib.verify import chi_square_homogeneity, total_variation
 
 TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)  # as conftest's tiny_gpt
@@ -118,8 +119,25 @@ def test_bad_input_names_the_parameter(target, drafts):
         speculative_generate(target, drafts["n-gram"], idx, 4, on_context_limit="crop")
     with pytest.raises(ValueError, match="ids must be token ids"):
         NgramDraft.from_ids([1, 2, 99], 10)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError, match="Draft must define propose"):
         Draft().propose([1], 2)
+
+
+@pytest.mark.parametrize("answer", [None, [1, 2], ([1], [0.5]), ("12", None, None)])
+def test_a_draft_that_breaks_the_contract_is_named(target, answer):
+    class Broken(Draft):
+        def propose(self, tokens, gamma, settings=(0.0, None, None), generator=None):
+            return answer
+
+    with pytest.raises(TypeError, match=r"Broken.propose must return a pair \(guesses, q\)"):
+        speculative_generate(target, Broken(), torch.tensor([[1, 2]]), 4)
+
+
+@pytest.mark.parametrize("row", [[float("inf"), 0.0, 0.0], [float("-inf")] * 3, [float("nan"), 0.0, 0.0]])
+def test_greedy_acceptance_refuses_logits_it_cannot_rank(row):
+    logits = torch.tensor([[0.0, 3, 1], row])
+    with pytest.raises(ValueError, match="target_logits row 1 cannot be sampled"):
+        accept_greedy([1], logits)
 
 
 def test_ngram_tables_keep_the_most_frequent_follower():
@@ -203,3 +221,18 @@ def test_the_cost_model_prices_a_round_and_finds_the_alpha_a_speed_up_needs():
     assert 0 < alpha < 1
     assert expected_tokens_per_round(alpha, 2) == pytest.approx(1.3 * 120 / 100, abs=1e-6)
     assert alpha_needed(costs, 50.0, 1, speedup=3.0) is None  # more than γ + 1 tokens a round: out of reach
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda c: alpha_needed({}, 10, 2), TypeError, "costs must be a dict with 'step_us' and 'verify_us'"),
+    (lambda c: alpha_needed({**c, "step_us": 0}, 10, 2), ValueError, r"costs\['step_us'\] must be a finite time"),
+    (lambda c: round_us(c, 10, -5), ValueError, "gamma must be"),
+    (lambda c: round_us(c, 10, 0), ValueError, "gamma must be"),
+    (lambda c: perfect_draft_speedup(c, guess_us=-1000), ValueError, "guess_us must be a finite time"),
+    (lambda c: round_us({**c, "verify_us": {2: float("nan")}}, 10, 1), ValueError, r"verify_us'\]\[2\]"),
+    (lambda c: alpha_needed(c, 10, 2, speedup=0), ValueError, "speedup must be"),
+])
+def test_the_cost_model_refuses_costs_it_cannot_price(call, error, words):
+    costs = {"step_us": 500.0, "verify_us": {1: 500.0, 2: 600.0, 3: 700.0}}
+    with pytest.raises(error, match=words):
+        call(costs)

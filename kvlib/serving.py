@@ -439,7 +439,8 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, 
 
 
 def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast") -> RunResult:
-    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests.
+    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests, as
+    many as fit the block together (padded to the longest prompt, run until the longest answer).
 
     ``decoder`` as in ``generate``: "fast" (the lean step, as the engine's decode) or "model".
     """

@@ -118,11 +118,15 @@ class CacheDecoder:
     """Runs the teaching model over a given ``cache`` (any :class:`kvlib.Cache`); the last logits (B, V).
 
     An evicting cache keeps fewer keys than tokens written, so its rows are numbered by the cache
-    (:func:`kvlib.evict.forward_with_cache`) and padded rows are refused.
+    (:func:`kvlib.evict.forward_with_cache`) and padded rows are refused. The cache must be empty: a
+    decoder starts a new text (a full one would continue the last text, silently).
     """
 
     def __init__(self, model: GPT, cache):
         check_cache(model, cache)
+        if cache.length:
+            raise ValueError(f"cache must be empty, it holds {cache.length} position(s) of an earlier text: a decoder "
+                             f"starts a new one; call cache.truncate(0) or make a new cache")
         self.model, self.cache = model, cache
 
     def __call__(self, idx, key_mask=None, position_ids=None):
@@ -144,6 +148,10 @@ def check_cache(model, cache) -> None:
         raise TypeError(f"cache must be a kvlib cache (KVCache, QuantizedKVCache, SlidingWindowCache, ...), "
                         f"got {cache!r:.60}")
     check_cache_made_for(model.config, cache)
+    k, weight = getattr(cache, "k", None), model.lm_head.weight
+    if isinstance(k, torch.Tensor) and (k.dtype, k.device) != (weight.dtype, weight.device):
+        raise TypeError(f"the cache holds {k.dtype} on {k.device} but the model computes in {weight.dtype} on "
+                        f"{weight.device}: build the cache with model.new_cache (or pass its dtype and device)")
 
 
 def check_cache_class(cache_class, settings: dict) -> None:
@@ -261,13 +269,14 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         logits = dec(idx, masks[:, :T], position_ids_from_mask(key_mask))
         positions = lengths[:, None].clone()             # (B, 1): each row's next real position
 
+    best = torch.empty(B, out.shape[1] - T, dtype=logits.dtype)  # greedy: each step's winning logit
     n, reason = 0, None
     while reason is None:
         if logits_hook is not None:
             logits = check_hook_output(logits_hook(n, out[:, : T + n], logits), (B, model.config.vocab_size))
         nxt = out[:, T + n: T + n + 1]                   # (B, 1): written straight into the output
-        if temperature == 0:
-            torch.argmax(logits, dim=-1, keepdim=True, out=nxt)  # greedy: nothing to draw
+        if temperature == 0:                             # greedy: nothing to draw
+            torch.max(logits, dim=-1, keepdim=True, out=(best[:, n: n + 1], nxt))
         else:
             nxt.copy_(sample_next_unchecked(logits, temperature, top_k, top_p, generator))
         emit(n, nxt, finished, eos_id, on_token)
@@ -279,6 +288,9 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
             else:
                 logits = dec(nxt, masks[:, : T + n], positions)
                 positions += 1
+    if temperature == 0 and not bool(best[:, :n].isfinite().all()):  # sampling checks each step's logits
+        raise ValueError("the model's logits held NaN or +inf (or only -inf): greedy decoding cannot rank them, so its "
+                         "tokens mean nothing; check the model's weights and dtype (float16 can overflow)")
     if reason == "context_limit" and on_context_limit == "raise":
         raise ContextLimitError.block_full(T, max_new_tokens, block)
     return _finish(out, T, n, lengths, reason, finished)

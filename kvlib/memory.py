@@ -111,7 +111,11 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def gpt2_shape(name: str, n_layer: int, n_embd: int, n_head: int) -> ModelShape:
+    """A GPT-2-layout model's shape: ``n_head`` heads of ``n_embd / n_head`` channels."""
     check_int("n_head", n_head, 1)
+    check_int("n_embd", n_embd, 1)
+    if n_embd % n_head:
+        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head}): the heads split the channels")
     return ModelShape(name, n_layer, n_head, n_head, n_embd // n_head, gpt2_params(n_layer, n_embd), 1024)
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_config, check_forward_inputs, check_int
+from .checks import check_cache_shape, check_config, check_forward_inputs, check_int
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,20 @@ class Cache(Protocol):
 
 
 def weights_key(module: nn.Module) -> tuple:
-    """What changes when any weight of ``module`` does: each parameter's and buffer's identity and version.
+    """What changes when any weight of ``module`` does: each parameter's and buffer's identity, version and memory.
 
     ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_`` under
-    ``no_grad``); ``id`` changes when a tensor is replaced. Anything computed from the weights (the fast
-    path's copies, the finite-weights check) is stale when this key changes. The list of tensors is
+    ``no_grad``); ``id`` changes when a tensor is replaced, its memory when ``model.double()`` or ``.to``
+    converts it in place. Anything computed from the weights (the fast path's copies, the finite-weights
+    check) is stale when this key changes. Writes through ``.data`` are the one blind spot: PyTorch does
+    not count them, so edit weights under ``torch.no_grad()`` instead. The list of tensors is
     kept between calls (walking the module tree costs more than a decode step's bookkeeping) and
     walked again whenever any module anywhere gains or replaces a parameter, buffer or submodule.
     """
     hit = _weights.get(module)
     if hit is None or hit[0] != _registrations[0]:
         hit = _weights[module] = (_registrations[0], (*module.parameters(), *module.buffers()))
-    return tuple((id(t), t._version) for t in hit[1])
+    return tuple((id(t), t._version, t.data_ptr()) for t in hit[1])
 
 
 _weights: "weakref.WeakKeyDictionary[nn.Module, tuple[int, tuple]]" = weakref.WeakKeyDictionary()
@@ -138,9 +140,7 @@ class KVCache:
         check_config(config, GPTConfig)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r}")
-        batch_size = check_int("batch_size", batch_size, 1)
-        max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1, config.block_size,
-                            f"an int in [1, block_size={config.block_size}]")
+        batch_size, max_len = check_cache_shape(config, batch_size, max_len)  # at most 2**31 numbers in all
         heads, key_size, value_size = config.cache_shape
         shape = (config.n_layer, batch_size, heads, max_len, key_size)
         v_shape = shape[:-1] + (value_size,)

@@ -22,9 +22,9 @@ from itertools import repeat
 
 import torch
 
-from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_choice, check_config, check_device,
-                     check_cache_made_for, check_dtype, check_id_list, check_int, check_key, check_model, check_multi_head,
-                     check_real)
+from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_cache_made_for, check_choice, check_config,
+                     check_device, check_dtype, check_id_list, check_int, check_key, check_logits, check_model,
+                     check_multi_head, check_real)
 from .decoding import DECODERS, generate
 from .fast import PagedStep
 from .model import GPT, GPTConfig
@@ -469,10 +469,13 @@ class PagedKVCache:
                                 batch.key_mask, None if T == 1 else batch.write_rows * T + batch.write_cols,
                                 batch.write_slots)
             batch.advance(T)
-            return logits
-        logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
-                          last_only=True)
-        return logits[:, -1]
+        else:
+            logits, _ = model(batch.idx, cache=batch, key_mask=batch.key_mask, position_ids=batch.position_ids,
+                              last_only=True)
+            logits = logits[:, -1]
+        # Refused inside the caller's transaction, so nothing is stored: NaN or +inf logits (a float16 model
+        # overflowing, say) cannot be ranked, and an argmax over them would write garbage.
+        return check_logits(logits, "the model's logits")
 
 
 def _longs(values: array, *shape: int) -> torch.Tensor:

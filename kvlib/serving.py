@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
-                     check_seed, one_at_a_time)
+                     check_seed, check_weights, one_at_a_time)
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
@@ -113,6 +113,7 @@ class Engine:
                  max_num_batched_tokens: int = 1024, watermark: float = 0.05, enable_prefix_caching: bool = False,
                  clock: Clock | None = None, decoder: str = "fast"):
         check_model(model)
+        check_weights(model)
         self.model = model
         check_choice("decoder", decoder, tuple(DECODERS))
         self.decoder = decoder
@@ -491,6 +492,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     (the poem separator, say, to keep every continuation inside the poem).
     """
     check_model(model)
+    check_weights(model)
     cfg = model.config
     prompt = check_id_list("prompt", prompt, cfg.vocab_size, max_len=cfg.block_size - 1)
     n = check_int("n", n, 1, MAX_PARALLEL)

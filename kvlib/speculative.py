@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
-                     check_logits, check_model, check_real, check_sampling, one_at_a_time)
+                     check_logits, check_model, check_multi_head, check_real, check_sampling, one_at_a_time)
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
-from .model import GPT
+from .model import GPT, weights_key
 from .sampling import probabilities
 
 __all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sampled",
@@ -42,6 +42,10 @@ __all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sample
 
 
 # ---- drafts ---------------------------------------------------------------------------------------
+
+SPECULATE_INSTEAD = ("it guesses and verifies on the fast path; decode this model without speculation, with "
+                     "generate(..., decoder='model')")
+
 
 class Draft:
     """What speculative decoding asks of a draft: ``propose(tokens, gamma, settings, generator)``.
@@ -189,19 +193,27 @@ class NeuralDraft(Draft):
 
     Its guesses must fit its own block: ``propose`` returns fewer than ``gamma`` (none at all when
     ``tokens`` fill it) rather than go past it, as the :class:`Draft` contract ("up to gamma") allows.
+    If the draft model's weights change (training on, ``load_state_dict``), the next ``propose`` starts
+    again from them: a new decoder, an empty cache.
     """
 
     name = "neural"
 
     def __init__(self, model: GPT, name: str | None = None):
         check_model(model)
+        check_multi_head(model.config, "NeuralDraft", SPECULATE_INSTEAD)
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be None or a non-empty str, got {name!r:.60}")
         self.model = model
-        self.decoder = FastDecoder(model, 1, model.config.block_size)
-        self.fed: list[int] = []  # the tokens whose keys and values are in the cache, in order
+        self._start()
         if name is not None:
             self.name = name
+
+    def _start(self) -> None:
+        """A decoder on the model's weights as they are now, and an empty cache."""
+        self.decoder = FastDecoder(self.model, 1, self.model.config.block_size)
+        self.weights = weights_key(self.model)
+        self.fed: list[int] = []  # the tokens whose keys and values are in the cache, in order
 
     def _feed(self, new: list[int]) -> torch.Tensor:
         """Append ``new`` to the cache; the (V,) logits after the last of them."""
@@ -220,6 +232,8 @@ class NeuralDraft(Draft):
         gamma = min(gamma, self.decoder.max_len - len(tokens) + 1)  # what fits in the draft's block (see above)
         if gamma <= 0:
             return [], None
+        if weights_key(self.model) != self.weights:  # the model changed since the decoder copied its weights
+            self._start()
         keep = 0
         limit = min(len(self.fed), len(tokens) - 1)  # feed at least one token: its logits come next
         while keep < limit and self.fed[keep] == tokens[keep]:
@@ -392,6 +406,7 @@ class SpeculativeDecoder:
         if idx.shape[0] != 1:
             raise ValueError(f"idx must hold one prompt (batch size 1) for speculative decoding, got "
                              f"{idx.shape[0]} rows: in a batch, rows keep different numbers of guesses")
+        check_multi_head(model.config, "speculative decoding", SPECULATE_INSTEAD)
         if not isinstance(draft, Draft):
             raise TypeError(f"draft must be a kvlib.speculative.Draft (NgramDraft, NeuralDraft), got "
                             f"{type(draft).__name__}")

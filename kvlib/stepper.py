@@ -26,6 +26,7 @@ import torch
 
 from .checks import (ContextLimitError, check_int, check_multi_head, check_pair, check_sampling, check_seed, check_text,
                      one_at_a_time)
+from .decoding import check_cache
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .poems import encode_prompt, without_unk
@@ -184,6 +185,7 @@ class CacheStepper:
             return self._step()
 
     def _step(self) -> int:
+        check_cache(self.model, self.cache)  # the model may have been converted (model.double()) since
         if not self.can_step:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
@@ -203,7 +205,10 @@ class CacheStepper:
     def run(self, n: int) -> list[int]:
         """``n`` steps (fewer if the cache fills up: the steps stop there, by design); the ids chosen."""
         n = check_int("n", n, 0)
-        return [self.step() for _ in range(n) if self.can_step]
+        chosen = []
+        while len(chosen) < n and self.can_step:
+            chosen.append(self.step())
+        return chosen
 
     def _display_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(V,) what ``sample_next`` draws from with the current settings (one-hot at temperature 0)."""

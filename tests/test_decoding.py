@@ -1,6 +1,8 @@
 """The decoding loops: context limit, EOS per row, left-padded batches, results, seeds, bad input, hooks."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -419,3 +421,41 @@ def test_uncached_checks_the_key_mask(tiny_gpt):
         generate_uncached(tiny_gpt, idx, 2, block_size=16, key_mask=mask[:, 1:])
     with pytest.raises(ValueError, match="at least one real token"):
         generate_uncached(tiny_gpt, idx, 2, block_size=16, key_mask=torch.zeros_like(mask))
+
+
+def _overflowing(model):
+    """A copy whose weights are finite but whose logits overflow float32 to ±inf."""
+    hot = copy.deepcopy(model)
+    with torch.no_grad():
+        hot.transformer.ln_f.weight.fill_(3e38)
+    return hot
+
+
+@pytest.mark.parametrize("decoder", ["fast", "model"])
+def test_greedy_decoding_refuses_logits_it_cannot_rank(tiny_gpt, decoder):
+    """Sampling checks every step's logits; greedy keeps each step's winner and checks them all before returning."""
+    with pytest.raises(ValueError, match="logits held NaN or \\+inf.*greedy decoding cannot rank them"):
+        generate(_overflowing(tiny_gpt), torch.ones(1, 3, dtype=torch.long), 4, temperature=0.0, decoder=decoder)
+
+
+def test_a_cache_decoder_needs_an_empty_cache_of_the_models_dtype(tiny_gpt):
+    from kvlib.decoding import CacheDecoder
+
+    idx = torch.ones(1, 3, dtype=torch.long)
+    cache = tiny_gpt.new_cache(1)
+    first = generate(tiny_gpt, idx, 4, temperature=0.0, decoder=lambda m, B, L: CacheDecoder(m, cache))
+    assert first.new_tokens.tolist() == generate(tiny_gpt, idx, 4, temperature=0.0).new_tokens.tolist()
+    with pytest.raises(ValueError, match="cache must be empty, it holds 6 position"):  # 3 + 4 - 1 fed
+        generate(tiny_gpt, idx, 4, temperature=0.0, decoder=lambda m, B, L: CacheDecoder(m, cache))
+    with pytest.raises(TypeError, match="the cache holds torch.float32.*model computes in torch.float64"):
+        CacheDecoder(copy.deepcopy(tiny_gpt).double(), tiny_gpt.new_cache(1))
+
+
+def test_weights_converted_in_place_are_seen_by_the_fast_path(tiny_gpt):
+    """model.double() keeps each Parameter object and its version but moves its memory: the fast path's copies follow."""
+    model, idx = copy.deepcopy(tiny_gpt), torch.ones(1, 3, dtype=torch.long)
+    before = generate(model, idx, 4, temperature=0.0).new_tokens
+    model.double()
+    after = generate(model, idx, 4, temperature=0.0)
+    assert torch.equal(after.new_tokens, before)
+    assert torch.equal(after.new_tokens, generate(model, idx, 4, temperature=0.0, decoder="model").new_tokens)

@@ -342,8 +342,11 @@ add("decoding", "CacheDecoder", "cache", [(k, ValueError) for k in other_caches]
     lambda w, o, v: CacheDecoder(w.model, other_caches[v](w)))
 add("decoding", "CacheDecoder", "model", [("m", TypeError), (None, TypeError), ("other", ValueError), ("nan", ValueError)],
     lambda w, o, v: CacheDecoder(pick(w, v), QuantizedKVCache(w.cfg, 1)))
-add("decoding", "CacheDecoder.__call__", "padded prompts", [(torch.ones(2, 8, dtype=torch.bool), ValueError)],
-    lambda w, o, v: CacheDecoder(w.model, o)(torch.ones(2, 1, dtype=torch.long), key_mask=v), _sink, evict_state)
+add("decoding", "CacheDecoder.__call__", "padded prompts", [(torch.ones(2, 1, dtype=torch.bool), ValueError)],
+    lambda w, o, v: CacheDecoder(w.model, o)(torch.ones(2, 1, dtype=torch.long), key_mask=v),
+    lambda w: SinkCache(w.cfg, 2, sinks=1, window=3), evict_state)
+add("decoding", "CacheDecoder", "cache must be empty", [(None, ValueError)],
+    lambda w, o, v: CacheDecoder(w.model, o), _sink, evict_state)
 
 
 # ---- shrink_bench and the shrink view -----------------------------------------------------------------

@@ -139,3 +139,15 @@ def test_growing_cache_drives_generate(tiny_gpt):
     assert growing.length == 0 and growing.bytes_copied == 0 and growing.nbytes == 0
 
 
+
+
+def test_a_gpt2_shape_whose_heads_do_not_split_the_channels_is_refused():
+    from kvlib.memory import gpt2_shape
+
+    with pytest.raises(ValueError, match=r"n_embd \(770\) must be divisible by n_head \(12\)"):
+        gpt2_shape("x", 12, 770, 12)
+
+
+def test_a_teaching_cache_past_2_31_numbers_is_refused_before_allocating():
+    with pytest.raises(ValueError, match=r"batch_size must be an int in \[1, \d+\] \(a cache of at most 2\*\*31"):
+        KVCache(GPTConfig(vocab_size=10), 200_000)

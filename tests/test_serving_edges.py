@@ -222,3 +222,16 @@ def test_a_clock_that_stands_still_stops_the_engine_instead_of_idling_forever(ti
     engine.add(Request(0, [1, 2], 2, arrival=1.0))
     with pytest.raises(RuntimeError, match=r"clock stood still: after wait_until\(1\) its now\(\) is 0"):
         engine.step()
+
+
+def test_logits_that_cannot_be_ranked_stop_a_step_and_leave_the_engine_as_it_was(tiny_gpt):
+    """Finite weights whose logits overflow: the step refuses inside its transaction, before any token is kept."""
+    hot = copy.deepcopy(tiny_gpt)
+    with torch.no_grad():
+        hot.transformer.ln_f.weight.fill_(3e38)
+    engine = Engine(hot, 16, kv_block_size=4)
+    engine.add(Request(0, [1, 2], 3))
+    before = state(engine)
+    with pytest.raises(ValueError, match="the model's logits row 0 cannot be sampled"):
+        engine.step()
+    assert state(engine) == before

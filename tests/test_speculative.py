@@ -236,3 +236,23 @@ def test_the_cost_model_refuses_costs_it_cannot_price(call, error, words):
     costs = {"step_us": 500.0, "verify_us": {1: 500.0, 2: 600.0, 3: 700.0}}
     with pytest.raises(error, match=words):
         call(costs)
+
+
+def test_a_neural_draft_follows_its_model_when_the_weights_change():
+    """Trained on, reloaded or edited: the next proposal comes from the weights as they are, as a new draft's does."""
+    model = seeded_gpt(GPTConfig(vocab_size=V, block_size=16, n_layer=1, n_head=2, n_embd=16), seed=1)
+    other = seeded_gpt(GPTConfig(vocab_size=V, block_size=16, n_layer=1, n_head=2, n_embd=16), seed=2)
+    kept, tokens = NeuralDraft(model), [1, 2, 3]
+    before = kept.propose(tokens, 4)[0]
+    model.load_state_dict(other.state_dict())
+    assert kept.propose(tokens, 4)[0] == NeuralDraft(other).propose(tokens, 4)[0] != before
+
+
+def test_speculation_on_a_grouped_model_is_refused_with_what_to_do_instead(target):
+    from kvlib.compress import grouped
+
+    gqa = grouped(target, 1)
+    prompt = torch.ones(1, 2, dtype=torch.long)
+    for build in (lambda: NeuralDraft(gqa), lambda: speculative_generate(gqa, NeuralDraft(target), prompt, 3)):
+        with pytest.raises(ValueError, match="needs a multi-head attention model.*without speculation.*decoder='model'"):
+            build()

@@ -252,3 +252,19 @@ def test_an_interrupted_step_leaves_text_cache_and_generator_as_they_were(tiny_g
 def test_stepper_arguments_are_checked(tiny_gpt, tok, kwargs, fragment):
     with pytest.raises((TypeError, ValueError), match=fragment):
         CacheStepper(tiny_gpt, tok, "春", **kwargs)
+
+
+def test_running_far_past_a_full_cache_stops_at_once(tiny_gpt, tok):
+    s = CacheStepper(tiny_gpt, tok, "春风", max_len=8)
+    room = s.cache.max_len - s.cache.length
+    assert len(s.run(10**12)) == room and not s.can_step  # returned at once, not after 10**12 turns of nothing
+
+
+def test_a_model_converted_after_the_stepper_was_made_is_named(tiny_gpt, tok):
+    import copy
+
+    model = copy.deepcopy(tiny_gpt)
+    s = CacheStepper(model, tok, "春风")
+    model.double()
+    with pytest.raises(TypeError, match="the cache holds torch.float32.*model computes in torch.float64"):
+        s.step()

@@ -147,6 +147,8 @@ class ServingView:
             self.engine.add(r)
         self.record = None
         for _ in range(self.start_steps):
+            if not self.engine.has_work:
+                break
             self._step_engine()
 
     def _step_engine(self) -> None:

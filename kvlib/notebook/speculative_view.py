@@ -107,8 +107,9 @@ class SpeculativeView:
                                               self.max_new_tokens, gamma=self.gamma.value,
                                               banned=unk_ids(self.tokenizer))  # text for people: never <unk>
             for _ in range(self.start_rounds):
-                if not self.decoder.done:
-                    self.decoder.round()
+                if self.decoder.done:
+                    break
+                self.decoder.round()
         except Exception as err:  # an unknown character, a prompt too long for the block, ...
             self.fail(error_message(err))
             return

@@ -76,3 +76,9 @@ def test_the_view_fits_any_width(char):
         assert_fits(view)
     with pytest.raises(ValueError, match="start_steps"):
         ServingView(model, requests(tok), start_steps=-1)
+
+
+def test_a_huge_number_of_start_steps_stops_when_the_work_is_done(char):
+    model, tok = char
+    view = ServingView(model, requests(tok)[:2], num_blocks=16, kv_block_size=8, start_steps=10**12)
+    assert not view.engine.has_work and len(view.engine.finished) == 2

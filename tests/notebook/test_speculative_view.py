@@ -106,3 +106,9 @@ def test_the_view_fits_any_width(char):
     assert_fits(view)
     view.prompt_box.value = "猫a"
     assert_fits(view)
+
+
+def test_a_huge_number_of_start_rounds_stops_when_the_text_is_done(char):
+    model, tok = char
+    view = SpeculativeView(model, tok, small_drafts(model, tok), "白日依山尽，", max_new_tokens=6, start_rounds=10**12)
+    assert view.decoder.done and view.decoder.n_new == 6

@@ -479,7 +479,7 @@ def check_device(device, name: str = "device"):
         device = torch.device(device)
     except RuntimeError:
         raise ValueError(f"{name} must name a device (e.g. 'cpu', 'cuda:0'), got {device!r:.60}") from None
-    if device.type != "meta":
+    if device.type not in ("cpu", "meta"):
         try:
             torch.empty(0, device=device)  # a device this PyTorch build and machine have
         except (RuntimeError, AssertionError) as e:

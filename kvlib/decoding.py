@@ -16,7 +16,7 @@ from .checks import (ContextLimitError, check_cache_made_for, check_generator, c
                      check_model, check_prompt, check_sampling, check_token_lists, check_weights)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
-from .model import GPT, Cache, KVCache
+from .model import GPT, Cache
 from .sampling import sample_next_unchecked
 
 # ---- input checks of this module ------------------------------------------------------------

@@ -213,7 +213,7 @@ API_CASES = [
     ("generate prompt longer than block", lambda w: generate(w.model, torch.zeros(1, 20, dtype=torch.long), 2),
      ContextLimitError, ["20 tokens", "holds 16"]),
     ("generate id outside vocabulary", lambda w: generate(w.model, w.idx(0, w.tok.vocab_size), 2), ValueError,
-     [rf"\[0, {{v}}\)", rf"got 0\.\.{{v}}"]),
+     [r"\[0, {v}\)", r"got 0\.\.{v}"]),
     ("generate bad on_context_limit", lambda w: generate(w.model, w.idx(), 2, on_context_limit="wrap"),
      ValueError, ["'stop' or 'raise'", "'wrap'"]),
     ("generate key_mask without real tokens",

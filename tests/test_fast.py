@@ -14,7 +14,6 @@ from kvlib.fast import FastDecoder
 from kvlib.decoding import (DECODERS, CachedDecoder, ContextLimitError, generate, make_decoder, pad_prompts,
                             position_ids_from_mask)
 from kvlib.model import GPT, GPTConfig
-from kvlib.checks import ContextLimitError
 from kvlib.verify import ATOL, check_batch_consistency, verify_cache
 
 SHAPES = pytest.mark.parametrize("shape", ["shipped", "tiny"])

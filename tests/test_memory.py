@@ -1,14 +1,11 @@
 """KV-cache memory arithmetic against published model sizes, our own cache, and a growing cache."""
 from __future__ import annotations
 
-import io
-import warnings
 
 import pytest
 import torch
 
-from kvlib.memory import (SHAPES, ModelShape, cat_bytes_copied, describe, format_table, gpt2_params, shape_of,
-                          table_rows)
+from kvlib.memory import (SHAPES, cat_bytes_copied, describe, format_table, gpt2_params, shape_of, table_rows)
 from kvlib.model import GPT, GPTConfig, GrowingKVCache, KVCache
 
 PUBLISHED_PARAMS = {  # totals reported for the released checkpoints

@@ -7,9 +7,7 @@ import torch
 
 from kvlib.checks import ContextLimitError
 from kvlib.decoding import generate
-from kvlib.fast import FastDecoder
 from kvlib.model import GPT, GPTConfig
-from kvlib.sampling import probabilities
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
                                accept_sampled, alpha_needed, expected_tokens_per_round, perfect_draft_speedup,
                                round_us, speculative_generate)

@@ -1,9 +1,7 @@
 """The step-through cache widget's logic: tokens, cache contents and attention weights are the model's."""
 from __future__ import annotations
 
-import io
 import math
-import warnings
 
 import pytest
 import torch
@@ -13,7 +11,6 @@ from kvlib import ContextLimitError
 from kvlib.sampling import probabilities, sample_next
 from kvlib.stepper import CacheStepper, token_label
 from kvlib.poems import no_unk
-from kvlib.tokenizer import CharTokenizer
 
 @pytest.fixture(scope="module")
 def tok(tiny_char_tokenizer):

@@ -18,7 +18,7 @@ from ..decoding import generate
 from ..sampling import probabilities
 from ..poems import encode_prompt, no_unk, unk_ids
 from ..tokenizer import UnknownCharacterError
-from . import plots
+from . import plots  # noqa: F401  registers the font the bars use
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
                    in_column, message_html, require_str, row, slider, unknown_message)
 

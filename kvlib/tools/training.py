@@ -7,7 +7,6 @@ the end, writes ``data/<model>.pt``, its tokenizer, log and loss curve, and thei
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import time

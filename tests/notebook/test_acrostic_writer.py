@@ -1,13 +1,9 @@
 """Notebook 3's acrostic writer, and the form checks it reports."""
-import warnings
 
 import pytest
-import torch
 
-from kvlib import constraints, poems
-from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
-from kvlib.sampling import probabilities
-from kvlib.tokenizer import UnknownCharacterError
+from kvlib import constraints
+from kvlib.notebook import acrostic_writer
 
 PNG = b"\x89PNG"
 

@@ -2,19 +2,13 @@
 from __future__ import annotations
 
 import io
-import math
 import warnings
 
 import pytest
 import torch
 
-from kvlib.decoding import generate
-from kvlib.sampling import probabilities
-from kvlib.notebook import plots
-from kvlib.notebook.fonts import char_label
 from kvlib.notebook.cache_stepper import StepperWidget, view_html
 from kvlib.stepper import CacheStepper
-from kvlib.tokenizer import CharTokenizer
 
 @pytest.fixture(scope="module")
 def tok(tiny_char_tokenizer):

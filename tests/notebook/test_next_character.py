@@ -1,13 +1,9 @@
 """Notebook 1's prompt box: its view function and the widget driven by setting control values."""
-import warnings
 
 import pytest
-import torch
 
-from kvlib import constraints, poems
-from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
-from kvlib.sampling import probabilities
-from kvlib.tokenizer import UnknownCharacterError
+from kvlib import poems
+from kvlib.notebook import next_character, show
 
 PNG = b"\x89PNG"
 

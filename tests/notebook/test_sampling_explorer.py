@@ -1,14 +1,11 @@
 """Notebook 2's sampling explorer: explore() and the slider widget."""
-import warnings
 
 import pytest
-import torch
 
-from kvlib import constraints, poems
-from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
+from kvlib import poems
+from kvlib.notebook import sampling_explorer
 from kvlib.notebook.sampling_explorer import N_CHARS
 from kvlib.sampling import probabilities
-from kvlib.tokenizer import UnknownCharacterError
 
 PNG = b"\x89PNG"
 

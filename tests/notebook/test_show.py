@@ -1,12 +1,9 @@
 """Shared message helpers of the widgets."""
-import warnings
 
 import pytest
-import torch
 
-from kvlib import constraints, poems
-from kvlib.notebook import acrostic_writer, next_character, plots, sampling_explorer, show
-from kvlib.sampling import probabilities
+from kvlib import poems
+from kvlib.notebook import acrostic_writer, next_character, sampling_explorer, show
 from kvlib.tokenizer import UnknownCharacterError
 
 PNG = b"\x89PNG"

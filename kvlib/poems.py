@@ -14,7 +14,7 @@ import torch
 from .checks import ContextLimitError, check_int, check_pair, check_seed, check_text
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
-from .tokenizer import is_ideograph
+from .tokenizer import is_ideograph, token_label
 
 
 def unk_ids(tokenizer) -> list[int]:
@@ -68,12 +68,13 @@ def next_token_probs(model, tokenizer, text: str, temperature: float = 1.0, open
 
 
 def top_next(model, tokenizer, text: str, k: int = 8, opening: bool = True) -> list[tuple[str, float]]:
-    """The ``k`` most likely next tokens after ``text`` as (text, probability), most likely first."""
+    """The ``k`` most likely next tokens after ``text`` as (label, probability), most likely first: a token's text,
+    or its bytes in hex where they are not whole characters (:func:`kvlib.tokenizer.token_label`)."""
     probs = next_token_probs(model, tokenizer, text, opening=opening)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(probs):
         raise ValueError(f"k must be an int in [1, {len(probs)}] (the vocabulary size), got {k!r}")
     values, ids = probs.topk(k)
-    return [(tokenizer.decode([i]), float(p)) for p, i in zip(values, ids.tolist())]
+    return [(token_label(tokenizer, i), float(p)) for p, i in zip(values, ids.tolist())]
 
 
 def rank_of(model, tokenizer, text: str, char: str, opening: bool = True) -> tuple[int, float]:

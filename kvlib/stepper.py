@@ -30,6 +30,7 @@ from .decoding import check_cache
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .poems import encode_prompt, without_unk
+from .tokenizer import token_label
 
 TOP = 10  # bars in the distribution panel
 _KEEP = object()  # set_sampling: "leave this setting as it is"
@@ -58,15 +59,6 @@ class StepView:
     def filled(self) -> torch.Tensor:
         """(L, max_len) bool: the slots of each layer that hold a key."""
         return self.key_norms > 0
-
-
-def token_label(tokenizer, token_id: int) -> str:
-    """A token as text when its bytes are valid UTF-8, else its bytes in hex (e.g. ``e5 ba``)."""
-    raw = tokenizer.token_bytes(int(token_id))
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.hex(" ")
 
 
 ONE_KEY_PER_HEAD = "it shows one key per query head; step a multi-head model such as the shipped tang-char"

@@ -51,12 +51,24 @@ def check_merges(merges) -> list[tuple[int, int]]:
 SEPARATOR = "\n"
 
 
+def invisible_name(ch: str) -> str | None:
+    """Words or a code point for a character a message could not show (a space, a control character), else None."""
+    names = {" ": "a space", "\t": "a tab", "\n": "a new line", "\u3000": "a wide space",
+             "\xa0": "a non-breaking space"}
+    if ch in names:
+        return names[ch]
+    if ch.isspace() or not ch.isprintable():  # an invisible or control character: its code point and name
+        return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'a control character').lower()})"
+    return None
+
+
 class UnknownCharacterError(ValueError):
     """Text holds characters that the tokenizer has no id for."""
 
     def __init__(self, chars: list[str]):
         self.chars = chars
-        shown = "".join(chars[:20]) + ("…" if len(chars) > 20 else "")
+        shown = "".join(f"[{name}]" if (name := invisible_name(ch)) else ch for ch in chars[:20])
+        shown += "…" if len(chars) > 20 else ""
         super().__init__(
             f"{len(chars)} character(s) are not in the vocabulary: {shown} "
             "(the model knows only characters that occur at least twice in the Tang poems)"
@@ -244,6 +256,16 @@ class ByteBPETokenizer:
         if "merges" not in d:
             raise ValueError("a bpe tokenizer needs its 'merges' (the list of merged id pairs), which are missing")
         return cls(d["merges"])
+
+
+def token_label(tokenizer, token_id: int) -> str:
+    """A token as text when its bytes are valid UTF-8, else its bytes in hex (e.g. ``e5 ba``): a label for
+    one token, where decoding a byte-level BPE token alone would give "\ufffd"."""
+    raw = tokenizer.token_bytes(int(token_id))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.hex(" ")
 
 
 def _merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:

@@ -12,7 +12,7 @@ Everything runs on ``tiny_gpt`` (64 ids, a 16-token block, 2 layers, 2 heads of 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -355,7 +355,8 @@ def table(length=BLOCK, **changes):
     rows = [{"family": s.family, "setting": s.name, "label": s.label, "bytes_per_token": 4096.0 / (i + 1),
              "memory_cut": 1 - 1 / (i + 1), "nats_per_token": 4.0, "kl": i / 1000, "top1_agreement": 1.0}
             for i, s in enumerate(settings(BLOCK))]
-    return {"texts": 4, "length": length, "full_bytes_per_token": 4096, "rows": rows, "papers": PAPERS, **changes}
+    return {"texts": 4, "length": length, "full_bytes_per_token": 4096, "rows": rows, "papers": PAPERS,
+            "config": asdict(TINY_SHAPE), **changes}  # the world's model
 
 
 def _row(**changes):

@@ -71,6 +71,9 @@ class AcrosticWriter:
         import ipywidgets as w
 
         check_pair(model, tokenizer)
+        if tokenizer.kind != "char":
+            raise ValueError(f"tokenizer must be the character model's (tang-char): an acrostic places one token per "
+                             f"character, got a {tokenizer.kind!r} tokenizer")
         require_str("heads", heads)
         check_choice("chars_per_line", chars_per_line, (5, 7))
         check_setting("temperature", temperature, 0.05, 1.5)

@@ -4,12 +4,14 @@ and :class:`StepperWidget` puts Step / Reset buttons, a prompt and a temperature
 from __future__ import annotations
 
 import html
+import os
 
-from ..checks import check_multi_head, check_pair, check_seed
+from ..checks import ContextLimitError, check_multi_head, check_pair, check_seed
 from ..model import GPT
 from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
-                   error_message, frame, html_label, in_row, message_html, row, slider, step_buttons, unknown_message)
+                   error_message, frame, html_label, in_row, message_html, row, slider, step_buttons,
+                   too_long_message, unknown_message)
 from ..tokenizer import UnknownCharacterError
 
 ROW = 20          # px per layer (cache) and per head (attention)
@@ -192,8 +194,9 @@ class StepperWidget:
         except UnknownCharacterError as e:
             self._refuse(unknown_message(e))
             return
-        except ValueError as e:  # a prompt longer than the cache
-            self._refuse(f"{e}. Use a shorter prompt.")
+        except ContextLimitError:  # a prompt longer than the cache
+            block = self.model.config.block_size
+            self._refuse(too_long_message(block, block - 1))
             return
         except Exception as e:
             self._refuse(error_message(e))
@@ -244,9 +247,12 @@ class StepperWidget:
         try:
             self.step_button.disabled = not s.can_step
             prompt = html.escape(self.tokenizer.decode(s.prompt_ids[1:]))
-            new = [html.escape(self.tokenizer.decode([t])) for t in s.tokens[len(s.prompt_ids):]]
-            if new:
-                new[-1] = f"<b style='color:{HIGHLIGHT_COLOR}'>{new[-1]}</b>"
+            new_ids = s.tokens[len(s.prompt_ids):]
+            # Decoded together (a byte-level token alone may be part of a character); the last step's part in bold.
+            whole, before = self.tokenizer.decode(new_ids), self.tokenizer.decode(new_ids[:-1])
+            same = len(os.path.commonprefix([whole, before]))
+            new = [html.escape(whole[:same])] + ([f"<b style='color:{HIGHLIGHT_COLOR}'>{html.escape(whole[same:])}</b>"]
+                                                 if new_ids else [])
             full = "" if s.can_step else " — the cache is full: change the prompt or press Reset to start again"
             self.status.value = (f"<div style='{FONT};overflow-wrap:anywhere'><span style='font-size:20px'>"
                                  f"<span style='color:#777'>{prompt}</span>{''.join(new)}</span><br>step {s.steps}, "

@@ -27,6 +27,10 @@ class MemoryCalculator:
         if extra is not None and (not isinstance(extra, dict) or not all(
                 isinstance(k, str) and isinstance(v, ModelShape) for k, v in extra.items())):
             raise TypeError(f"extra must be None or a dict of name -> ModelShape, got {extra!r:.60}")
+        for name in extra or {}:
+            if not name.strip() or name in SHAPES:
+                raise ValueError(f"extra's names must be new and not blank (the built-in ones are {list(SHAPES)}), "
+                                 f"got {name!r}")
         self.shapes = {**(extra or {}), **SHAPES}
         for name, value in (("model", model), ("dtype", dtype)):
             if not isinstance(value, str):

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..checks import check_int, check_pair
-from ..poems import top_next
+from ..poems import encode_prompt, top_next
 from ..tokenizer import UnknownCharacterError
 from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
-                   in_row, message_html, require_str, row, slider, unknown_message)
+                   in_row, message_html, require_str, row, slider, too_long_message, unknown_message)
 
 
 @dataclass
@@ -33,6 +33,8 @@ def next_view(model, tokenizer, text: str, k: int = 8) -> NextView:
     text = require_str("text", text).strip()
     k = check_int("k", k, 1, tokenizer.vocab_size, f"an int in [1, {tokenizer.vocab_size}] (the vocabulary size)")
     try:
+        if len(encode_prompt(tokenizer, text)) > (block := model.config.block_size):  # the model reads no more
+            return NextView(text, message=too_long_message(block, block - 1))
         pairs = top_next(model, tokenizer, text, k)
     except UnknownCharacterError as err:
         return NextView(text, message=unknown_message(err))

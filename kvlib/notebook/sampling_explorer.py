@@ -17,10 +17,10 @@ from ..checks import check_pair
 from ..decoding import generate
 from ..sampling import probabilities
 from ..poems import encode_prompt, no_unk, unk_ids
-from ..tokenizer import UnknownCharacterError
+from ..tokenizer import UnknownCharacterError, token_label
 from . import plots  # noqa: F401  registers the font the bars use
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
-                   in_column, message_html, require_str, row, slider, unknown_message)
+                   in_column, message_html, require_str, row, slider, too_long_message, unknown_message)
 
 SEPARATOR_LABEL = "⏎"
 
@@ -117,8 +117,7 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
         return view
     room = model.config.block_size + 1 - n_chars  # prompt tokens that leave room for n_chars
     if len(ids) > room:
-        view.message = (f"The prompt is too long: the model reads {block} tokens, so at most {room - 1} "
-                        f"characters leave room for {n_chars} new ones. Use a shorter prompt.")
+        view.message = too_long_message(block, room - 1, f"with room for {n_chars} new ones")
         return view
     first = []
 
@@ -134,7 +133,7 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     tempered = probabilities(first[0], view.temperature)[0]                       # (V,); one-hot at 0
     kept = probabilities(first[0], view.temperature, top_k, top_p)[0] > 0          # (V,) bool
     values, top_ids = tempered.topk(n_bars)
-    view.chars = [tokenizer.decode([i]) for i in top_ids.tolist()]
+    view.chars = [token_label(tokenizer, i) for i in top_ids.tolist()]  # distinct labels: the bars are coloured by them
     view.probs = [float(v) for v in values]
     view.kept = kept[top_ids].tolist()
     view.n_kept = int(kept.sum())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 
-from ..tokenizer import UnknownCharacterError
+from ..tokenizer import UnknownCharacterError, invisible_name
 from .fonts import char_label
 
 BAR_COLOR, HIGHLIGHT_COLOR = "#8fb3d9", "#e07b39"
@@ -44,11 +44,16 @@ LABEL_WIDTH = "7.5em"     # a control's description: "temperature", "top-k (0 of
 
 def unknown_message(err: UnknownCharacterError) -> str:
     """A friendly sentence naming the characters the model has no id for."""
-    names = {" ": "a space", "\t": "a tab", "\u3000": "a wide space"}
-    shown = "、".join(names.get(ch, f"「{ch}」") for ch in err.chars[:12])
+    shown = "、".join(invisible_name(ch) or f"「{ch}」" for ch in err.chars[:12])
     more = f" and {len(err.chars) - 12} more" if len(err.chars) > 12 else ""
     return (f"The model does not know {shown}{more}. Its vocabulary holds only the characters that "
             "occur at least twice in the Tang poems; try other characters.")
+
+
+def too_long_message(block: int, most: int, room_for: str = "") -> str:
+    """What a widget says when its prompt leaves no room: ``most`` prompt characters fit the ``block``."""
+    return (f"The prompt is too long: the model reads {block} tokens, so at most {most} characters fit"
+            f"{' ' + room_for if room_for else ''}. Use a shorter prompt.")
 
 
 def error_message(err: BaseException) -> str:

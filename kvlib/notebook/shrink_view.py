@@ -6,12 +6,14 @@ live, through the chosen cache (or by the converted model), from the same prompt
 from __future__ import annotations
 
 import html
+from dataclasses import asdict
 
 import torch
 
 from ..checks import check_gpt, check_pair
 from ..decoding import cache_decoder, generate
 from ..poems import encode_prompt, no_unk
+from ..tokenizer import UnknownCharacterError
 from ..tools.shrink_bench import check_table, converted, settings
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
 
@@ -28,8 +30,17 @@ class ShrinkView:
         check_table(table)
         if table["length"] > block:
             raise ValueError(f"table['length'] must be at most the model's block of {block}, got {table['length']}")
+        if table["config"] != asdict(model.config):
+            raise ValueError(f"model must be the model the table was measured on (config {table['config']}), got "
+                             f"one with config {asdict(model.config)}: measure it with shrink_table(model, tokenizer)")
         self.prompt = require_str("prompt", prompt)
-        ids = encode_prompt(tokenizer, prompt)  # every character known
+        try:
+            ids = encode_prompt(tokenizer, prompt)
+        except UnknownCharacterError as err:
+            raise ValueError(f"prompt: {err}") from None
+        if len(ids) > block - 1:
+            raise ValueError(f"prompt is too long: the model reads {block} tokens, so at most {block - 2} characters "
+                             f"leave room for a new one, got {len(ids) - 1}")
         check_setting("n_chars", n_chars, 1, block - len(ids) + 1, integer=True)
         check_setting("seed", seed, 0, 2**63 - 1, integer=True)
         self.model, self.tokenizer, self.table, self.n_chars, self.seed = model, tokenizer, table, n_chars, seed

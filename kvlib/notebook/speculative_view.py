@@ -12,11 +12,11 @@ import html
 
 import torch
 
-from ..checks import check_int, check_pair
-from ..speculative import Draft, Round, SpeculativeDecoder
+from ..checks import check_int, check_multi_head, check_pair
+from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
-from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, error_message, frame, html_label,
-                   in_row, message_html, row, slider, step_buttons)
+from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, display, error_message, frame,
+                   html_label, in_row, message_html, row, slider, step_buttons, too_long_message)
 
 KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
 UNJUDGED = "#8a8a8a"
@@ -65,6 +65,7 @@ class SpeculativeView:
         import ipywidgets as w
 
         check_pair(model, tokenizer)
+        check_multi_head(model.config, "SpeculativeView", SPECULATE_INSTEAD)
         if not isinstance(drafts, dict):
             raise TypeError(f"drafts must be a dict of name -> Draft, e.g. {{'n-gram': NgramDraft(...)}}, "
                             f"got {type(drafts).__name__}")
@@ -74,13 +75,18 @@ class SpeculativeView:
             if not isinstance(name, str) or not isinstance(d, Draft):
                 raise TypeError(f"drafts must map str names to kvlib.speculative.Draft objects, got "
                                 f"{name!r:.40}: {type(d).__name__}")
+            size = d.model.config.vocab_size if isinstance(d, NeuralDraft) else getattr(d, "vocab_size", None)
+            if size not in (None, tokenizer.vocab_size):
+                raise ValueError(f"drafts[{name!r}] guesses among {size} token ids, but the model's tokenizer has "
+                                 f"{tokenizer.vocab_size}: a draft must share the model's tokenizer")
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
         check_setting("gamma", gamma, 1, 8, integer=True)
         self.model, self.tokenizer, self.drafts = model, tokenizer, drafts
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, model.config.block_size)
         self.start_rounds = check_int("start_rounds", start_rounds, 0)
-        self.prompt_box = w.Text(value=prompt, description="prompt", style=control_style(font_size="16px"),
+        self.prompt_box = w.Text(value=prompt, description="prompt", continuous_update=False,
+                                 style=control_style(font_size="16px"),
                                  layout=in_row(340, 240, 460))
         self.draft_menu = w.Dropdown(options=list(drafts), value=next(iter(drafts)), description="draft",
                                      style=control_style(), layout=in_row(300, 240, 420))
@@ -103,6 +109,9 @@ class SpeculativeView:
     def restart(self) -> None:
         try:
             ids = encode_prompt(self.tokenizer, self.prompt_box.value)
+            if len(ids) > (block := self.model.config.block_size):  # the poem separator takes one
+                self.fail(too_long_message(block, block - 1))
+                return
             self.decoder = SpeculativeDecoder(self.model, self.drafts[self.draft_menu.value], torch.tensor([ids]),
                                               self.max_new_tokens, gamma=self.gamma.value,
                                               banned=unk_ids(self.tokenizer))  # text for people: never <unk>
@@ -167,6 +176,6 @@ class SpeculativeView:
         except Exception as err:
             self.fail(error_message(err))
 
-    def show(self) -> LiveWidget:
+    def show(self) -> None:
         """The live widget, carrying a static HTML copy of its current state for readers without a kernel."""
-        return LiveWidget(self.widget, self.html())
+        display(LiveWidget(self.widget, self.html()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -147,7 +147,8 @@ def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> 
             stored = m.new_cache(1).bytes_per_token
         rows.append({"family": s.family, "setting": s.name, "label": s.label, "short": s.short, "bytes_per_token": stored,
                      "memory_cut": 1 - stored / full_bytes, **cache_cost(reference, logits, y)})
-    return {"texts": B, "length": T, "full_bytes_per_token": full_bytes, "rows": rows, "papers": PAPERS}
+    return {"texts": B, "length": T, "full_bytes_per_token": full_bytes, "rows": rows, "papers": PAPERS,
+            "config": asdict(model.config)}  # the model measured: a view must show the same one
 
 
 ROW_NUMBERS = ("bytes_per_token", "memory_cut", "nats_per_token", "kl", "top1_agreement")
@@ -161,6 +162,9 @@ def check_table(table) -> dict:
     check_int("table['texts']", table.get("texts"), 1)
     check_int("table['length']", table.get("length"), MIN_LENGTH)
     _check_number("table['full_bytes_per_token']", table.get("full_bytes_per_token"))
+    if not isinstance(table.get("config"), dict):
+        raise TypeError(f"{what}: table['config'] must be the measured model's config as a dict, got "
+                        f"{table.get('config')!r:.60}")
     for i, row in enumerate(table["rows"]):
         if not isinstance(row, dict) or not isinstance(row.get("label"), str):
             raise TypeError(f"{what}: table['rows'][{i}] must be a dict with a str label, got {row!r:.60}")

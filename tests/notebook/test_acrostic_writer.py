@@ -91,3 +91,10 @@ def test_acrostic_writer_fits_any_width(char):
     assert_fits(w)
     w.heads.value = "AI"
     assert_fits(w)
+
+
+def test_a_tokenizer_that_splits_characters_is_refused_up_front(shipped_bpe):
+    from kvlib.notebook.acrostic_writer import AcrosticWriter
+
+    with pytest.raises(ValueError, match="tokenizer must be the character model's.*got a 'bpe' tokenizer"):
+        AcrosticWriter(*shipped_bpe)

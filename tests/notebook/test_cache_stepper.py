@@ -1,7 +1,9 @@
 """Notebook 4's stepper on screen: the picture of a step and the widget around the stepper."""
 from __future__ import annotations
 
+import html
 import io
+import re
 import warnings
 
 import pytest
@@ -164,3 +166,21 @@ def test_the_stepper_fits_any_width_up_to_a_full_cache(char):
     assert "full" in ui.status.value
     assert_fits(ui)
     assert ui.picture.value.count("viewBox") == 2
+
+
+def test_the_status_line_decodes_byte_level_tokens_together(shipped_bpe):
+    """Each byte decoded alone would be "\ufffd"; decoded together they are the text the stepper wrote."""
+    model, tok = shipped_bpe
+    ui = StepperWidget(model, tok, "床前明月光，", seed=3)
+    for _ in range(12):
+        ui.step_button.click()
+    text = ui.stepper.text().split("\n")[-1]
+    shown = html.unescape(re.sub(r"<[^>]+>", "", ui.status.value.split("<br>")[0]))
+    assert shown.replace("⏎", "\n").endswith(text[len("床前明月光，"):]) and shown.count("\ufffd") <= text.count("\ufffd")
+
+
+def test_a_prompt_longer_than_the_cache_says_how_many_characters_fit(char):
+    model, tok = char
+    ui = StepperWidget(model, tok)
+    ui.prompt_box.value = "春" * 128
+    assert "The prompt is too long: the model reads 128 tokens, so at most 127 characters fit" in ui.status.value

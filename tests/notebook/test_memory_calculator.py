@@ -59,3 +59,11 @@ def test_calculator_fits_any_width():
     calc.model.value = "Llama 3 8B"
     calc.tokens.value = 131072
     assert_fits(calc)
+
+
+@pytest.mark.parametrize("name", ["GPT-2 small", "", "  "])
+def test_an_extra_shape_may_not_hide_a_built_in_one_or_have_no_name(name):
+    from kvlib.memory import SHAPES
+
+    with pytest.raises(ValueError, match="extra's names must be new and not blank"):
+        MemoryCalculator(extra={name: SHAPES["Llama 3 70B"]})

@@ -100,3 +100,20 @@ def test_prompt_box_fits_any_width(char):
     assert_fits(box)
     box.prompt.value = "hello"
     assert_fits(box)
+
+
+def test_a_prompt_longer_than_the_model_reads_gets_a_message_not_a_silent_cut(char):
+    from kvlib.notebook.next_character import next_view
+
+    model, tok = char
+    view = next_view(model, tok, "春" * 300)
+    assert not view.ok and "The prompt is too long: the model reads 128 tokens, so at most 127 characters" in view.message
+    assert next_view(model, tok, "春" * 127).ok
+
+
+def test_invisible_characters_are_named_in_the_message(char):
+    from kvlib.notebook.next_character import next_view
+
+    model, tok = char
+    message = next_view(model, tok, "春\xa0风\u200b").message
+    assert "a non-breaking space" in message and "U+200B (zero width space)" in message

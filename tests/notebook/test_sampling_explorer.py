@@ -4,7 +4,8 @@ import pytest
 
 from kvlib import poems
 from kvlib.notebook import sampling_explorer
-from kvlib.notebook.sampling_explorer import N_CHARS
+from kvlib.notebook.sampling_explorer import N_CHARS, SliderExplorer
+from kvlib.notebook.show import HIGHLIGHT_COLOR
 from kvlib.sampling import probabilities
 
 PNG = b"\x89PNG"
@@ -160,3 +161,14 @@ def test_the_explorer_fits_any_width_in_every_state(char):
         for name, value in change.items():
             getattr(ex, name).value = value
         assert_fits(ex)
+
+
+def test_byte_level_tokens_get_distinct_labels_and_only_kept_bars_are_orange(shipped_bpe):
+    """Decoded alone, a byte of a character is "\ufffd": every such bar looked alike and all were coloured as one."""
+    from kvlib.notebook.sampling_explorer import explore
+
+    model, tok = shipped_bpe
+    view = explore(model, tok, prompt="春", top_k=3, n_bars=12)
+    assert len(set(view.chars)) == len(view.chars) and "\ufffd" not in "".join(view.chars)
+    chart = SliderExplorer(model, tok, prompt="春", top_k=3).chart.value
+    assert chart.count(HIGHLIGHT_COLOR) == sum(view.kept) == 3

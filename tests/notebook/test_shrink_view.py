@@ -1,17 +1,23 @@
 """Notebook 9's view: a row of the table and a poem written through the chosen cache."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from kvlib.notebook.shrink_view import ShrinkView
+from kvlib.model import GPTConfig
 from kvlib.tools.shrink_bench import PAPERS, settings
 
+SHIPPED_SHAPE = GPTConfig(vocab_size=7184)  # the char model's config, which the tables here describe
 
-def table(length=48):
+
+def table(length=48, config=SHIPPED_SHAPE):
     rows = [{"family": s.family, "setting": s.name, "label": s.label, "bytes_per_token": 4096.0 / (i + 1),
              "memory_cut": 1 - 1 / (i + 1), "nats_per_token": 4.8 + i / 100, "kl": i / 1000, "top1_agreement": 1 - i / 100}
             for i, s in enumerate(settings(length))]
-    return {"texts": 50, "length": length, "full_bytes_per_token": 4096, "rows": rows, "papers": PAPERS}
+    return {"texts": 50, "length": length, "full_bytes_per_token": 4096, "rows": rows, "papers": PAPERS,
+            "config": asdict(config)}
 
 
 def test_each_choice_shows_its_row_and_a_poem_written_through_it(char):
@@ -37,3 +43,9 @@ def test_bad_settings_are_refused(char):
         ShrinkView(model, tok, table(), n_chars=200)
     with pytest.raises(TypeError, match="prompt must be a str"):
         ShrinkView(model, tok, table(), prompt=5)
+    with pytest.raises(ValueError, match=r"prompt is too long: the model reads 128 tokens, so at most 126 characters"):
+        ShrinkView(model, tok, table(), prompt="春" * 127)
+    with pytest.raises(ValueError, match=r"prompt: 4 character\(s\) are not in the vocabulary: helo"):
+        ShrinkView(model, tok, table(), prompt="hello")
+    with pytest.raises(ValueError, match="model must be the model the table was measured on"):
+        ShrinkView(model, tok, table(config=GPTConfig(vocab_size=7184, n_kv_head=2)))

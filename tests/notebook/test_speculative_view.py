@@ -1,4 +1,5 @@
 """Notebook 8's round-by-round view: rounds, colours, α, reset, bad prompts, the static copy."""
+import pytest
 import torch
 
 from kvlib.decoding import generate
@@ -17,7 +18,7 @@ def small_drafts(model, tok):
     return {"n-gram + lookup": ngram.with_lookup(), "self": NeuralDraft(model, name="self")}
 
 
-def test_rounds_step_colour_and_reset(char):
+def test_rounds_step_colour_and_reset(char, monkeypatch):
     model, tok = char
     view = SpeculativeView(model, tok, small_drafts(model, tok), "白日依山尽，", gamma=3, max_new_tokens=24,
                            start_rounds=2)
@@ -37,7 +38,9 @@ def test_rounds_step_colour_and_reset(char):
     assert view.decoder.gamma == 5
     view.reset_button.click()
     assert len(view.decoder.rounds) == 2
-    assert isinstance(view.show(), LiveWidget) and "round 1" in view.show().static_html
+    shown = []
+    monkeypatch.setattr("kvlib.notebook.speculative_view.display", shown.append)
+    assert view.show() is None and isinstance(shown[0], LiveWidget) and "round 1" in shown[0].static_html
 
 
 def test_bad_prompt_disables_the_button(char):
@@ -67,7 +70,8 @@ def test_failures_show_in_place_and_disable_the_round_button(char, monkeypatch):
     drafts = {"self": NeuralDraft(model, name="self")}
     view = SpeculativeView(model, tok, drafts, "白日依山尽，", max_new_tokens=16, start_rounds=1)
     view.prompt_box.value = "春" * 200  # longer than the model's block: a message, not a traceback
-    assert view.decoder is None and view.step_button.disabled and "could not be shown" in view.output.value
+    assert view.decoder is None and view.step_button.disabled
+    assert "The prompt is too long: the model reads 128 tokens, so at most 127 characters fit" in view.output.value
     view.prompt_box.value = "春风"
     assert view.decoder is not None and "round 1" in view.output.value
 
@@ -112,3 +116,16 @@ def test_a_huge_number_of_start_rounds_stops_when_the_text_is_done(char):
     model, tok = char
     view = SpeculativeView(model, tok, small_drafts(model, tok), "白日依山尽，", max_new_tokens=6, start_rounds=10**12)
     assert view.decoder.done and view.decoder.n_new == 6
+
+
+def test_a_model_or_draft_it_cannot_use_is_refused_when_the_view_is_made(char):
+    from kvlib.compress import grouped
+    from kvlib.model import GPT, GPTConfig
+
+    model, tok = char
+    with pytest.raises(ValueError, match="SpeculativeView needs a multi-head attention model.*without speculation"):
+        SpeculativeView(grouped(model, 2), tok, {"self": NeuralDraft(model, name="self")})
+    with torch.random.fork_rng(devices=[]):  # a random model, the global generator left alone
+        other = NeuralDraft(GPT(GPTConfig(vocab_size=512, n_layer=1, n_head=2, n_embd=16)))
+    with pytest.raises(ValueError, match=r"drafts\['small'\] guesses among 512 token ids.*7184"):
+        SpeculativeView(model, tok, {"small": other})

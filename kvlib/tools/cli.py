@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -63,11 +65,18 @@ def _printer(tok, out):
         out.write(stream.push(int(new[0])))
         out.flush()
 
-    def close():
-        out.write(stream.close())
-        out.flush()
+    return on_token  # no stream.close(): bytes of a character cut off at the end are dropped, never U+FFFD
 
-    return on_token, close
+
+def _completion(tok, result, b: int = 0) -> str:
+    """Row ``b``'s new text up to the separator, as :func:`_printer` streams it: :class:`TextStream` holds
+    back the bytes of a character the token budget cut off, so they are dropped instead of printed as U+FFFD."""
+    from ..tokenizer import TextStream
+
+    ids, stream = result.new_tokens[b].tolist(), TextStream(tok)
+    if tok.eos_id in ids:
+        ids = ids[: ids.index(tok.eos_id)]
+    return "".join(map(stream.push, ids))
 
 
 def _check_prompt_text(text: str, flag: str) -> str:
@@ -120,7 +129,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from ..decoding import generate, generate_uncached
-    from ..poems import completion, no_unk
+    from ..poems import no_unk
     from ..verify import verify_cache
 
     _check_prompt_text(args.prompt, "--prompt")
@@ -137,9 +146,9 @@ def cmd_generate(args) -> None:
                     eos_id=tok.eos_id, logits_hook=no_unk(tok))  # text for people: never <unk>
     # --stream writes the text while it is generated: to stdout, or to stderr when stdout carries JSON.
     stream_to = (sys.stderr if args.json else sys.stdout) if args.stream else None
-    on_token = close = None
+    on_token = None
     if stream_to is not None:
-        on_token, close = _printer(tok, stream_to)
+        on_token = _printer(tok, stream_to)
         stream_to.write(args.prompt)
         stream_to.flush()
     try:
@@ -150,12 +159,11 @@ def cmd_generate(args) -> None:
             result = generate(model, idx, args.max_new_tokens, on_token=on_token, **sampling)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    text = completion(tok, result)
+    text = _completion(tok, result)
     note = _context_note(result, len(ids), block, args.no_cache, args.max_new_tokens)
     report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason, "note": note,
               "verify": None, "benchmark": None}
     if stream_to is not None:
-        close()
         stream_to.write("\n")
         stream_to.flush()
     elif not args.json:
@@ -168,10 +176,7 @@ def cmd_generate(args) -> None:
     if args.benchmark:
         from .bench import compare
 
-        n = min(args.max_new_tokens, block - len(ids) + 1)
-        if n < 1:
-            raise UsageError("--benchmark needs --max-new-tokens >= 1")
-        report["benchmark"] = compare(model, idx, n)
+        report["benchmark"] = compare(model, idx, min(args.max_new_tokens, block - len(ids) + 1))
     if args.json:
         print(to_json(report))
         return
@@ -185,7 +190,7 @@ def _generate_batch(args) -> None:
     """--batch-prompts: every prompt's completion from one left-padded batch, then the consistency check."""
     import torch
 
-    from ..poems import completion, write_ids
+    from ..poems import write_ids
     from ..verify import check_batch_consistency, verify_cache
 
     _check_prompt_text(args.batch_prompts, "--batch-prompts")
@@ -212,7 +217,7 @@ def _generate_batch(args) -> None:
                            top_k=args.top_k or None, top_p=args.top_p, generator=gen)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    completions = [completion(tok, result, b) for b in range(len(prompts))]
+    completions = [_completion(tok, result, b) for b in range(len(prompts))]
     longest = max(map(len, ids))
     check = check_batch_consistency(model, ids, min(16, block - longest + 1))
     report = {"prompts": prompts, "completions": completions, "stop_reason": result.stop_reason,
@@ -247,13 +252,19 @@ def cmd_evaluate(args) -> None:
     from .loading import load_pretrained
     from .training import evaluate
 
-    runs = [("shipped", *_load(args.model))]
-    if args.before is not None:
+    runs = []
+    if args.before is not None:  # the user's folder: whatever is wrong with it is a usage error (status 2)
         before = Path(args.before)
+        allowed = (f"allowed is a folder holding an earlier {args.model}.pt, its tokenizer file and a "
+                   f"MANIFEST.json that records the sha256 of both")
         if not (before / "MANIFEST.json").is_file():
-            raise UsageError(f"--before {before}: not a data folder (it has no MANIFEST.json); allowed is a folder "
-                             f"holding an earlier {args.model}.pt, its tokenizer file and their MANIFEST.json")
-        runs.insert(0, ("before", *load_pretrained(args.model, data_dir=before)))
+            raise UsageError(f"--before {before}: not a data folder (it has no MANIFEST.json); {allowed}")
+        try:
+            runs.append(("before", *load_pretrained(args.model, data_dir=before)))
+        except IntegrityError as e:  # the library's hint to restore data/ with git does not fit this folder
+            reason = re.sub(r" \(restore it with git[^)]*\)|; restore it with git", "", _one_line(e))
+            raise UsageError(f"--before {before}: {reason}; {allowed}") from None
+    runs.append(("shipped", *_load(args.model)))
     results = [(label, model, tok, evaluate(model, tok, n_poems=args.poems)) for label, model, tok in runs]
     for label, model, tok, r in results:
         print(f"{args.model} ({label}): vocabulary {tok.vocab_size:,}, validation {r['val_nats_per_char']:.3f} "
@@ -347,26 +358,6 @@ def cmd_train(args) -> None:
     print(to_json(metrics))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-MAX_NEW_TOKENS = 100_000  # --no-cache slides past the block, so only this bounds a run's memory and time
-
-
-def _token_count(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_NEW_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_NEW_TOKENS:,}, got {value}")
-    return value
-
-
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -375,23 +366,6 @@ def _seed(text: str) -> int:
     if not 0 <= value <= 2**64 - 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**64 - 1], got {value}")
     return value
-
-
-def _real(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _at_least_one(text: str) -> int:
-    value = _positive_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-MAX_REQUESTS, MIN_RATE, MAX_RATE = 10_000, 0.01, 100_000.0  # bounds of serve's trace
 
 
 def _bounded(kind, low, high, what):
@@ -406,9 +380,35 @@ def _bounded(kind, low, high, what):
     return parse
 
 
+def _real(allowed, ok):
+    """A parser of a number for which ``ok(value)`` holds (nan fails every comparison), ``allowed`` in words."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
+        return value
+    return parse
+
+
+MAX_NEW_TOKENS = 100_000  # --no-cache slides past the block, so only this bounds a run's memory and time
+_token_count = _bounded(int, 1, MAX_NEW_TOKENS, "a whole number of tokens")
+_temperature = _real("a finite number >= 0 (0: greedy)", lambda t: 0 <= t < math.inf)
+_top_p = _real("a number in (0, 1] (1: no top-p filter)", lambda p: 0 < p <= 1)
+_top_k = _bounded(int, 0, 1_000_000, "a whole number (0: no top-k filter)")
+MAX_POEMS = 1_000  # evaluate writes its poems as one batch: about 0.5 MiB of cache each
+_poems = _bounded(int, 1, MAX_POEMS, "a whole number of poems")
+_shown = _bounded(int, 0, MAX_POEMS, "a whole number of poems")
+MAX_STEPS, MAX_BATCH, MAX_THREADS = 1_000_000, 1_024, 256  # far past every recipe (4,000 steps of 32 windows)
+_steps = _bounded(int, 1, MAX_STEPS, "a whole number of steps")
+_batch_size = _bounded(int, 1, MAX_BATCH, "a whole number of windows")
+_threads = _bounded(int, 1, MAX_THREADS, "a whole number of threads")
+_lr = _real("a finite number > 0", lambda lr: 0 < lr < math.inf)
+MAX_REQUESTS, MIN_RATE, MAX_RATE = 10_000, 0.01, 100_000.0  # bounds of serve's trace
 _requests = _bounded(int, 1, MAX_REQUESTS, "a whole number")
 _rate = _bounded(float, MIN_RATE, MAX_RATE, "a number of arrivals per second")
-_top_k = _bounded(int, 0, 1_000_000, "a whole number (0: no top-k filter)")
 _spec_tokens = _bounded(int, 1, 100, "a whole number of tokens")
 _rounds = _bounded(int, 1, 20, "a whole number of rounds")
 MAX_TEXTS, SHRINK_LENGTHS = 256, (16, 128)  # shrink_bench.MAX_TEXTS; MIN_LENGTH to tang-char's block, without torch
@@ -416,11 +416,20 @@ _texts = _bounded(int, 1, MAX_TEXTS, "a whole number of texts")
 _length = _bounded(int, *SHRINK_LENGTHS, "a whole number of tokens")
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, once: not where the help already says it, nor a bare None."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage block above it), status 2."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)  # every help shows its default
+        kwargs.setdefault("formatter_class", DefaultsFormatter)  # every help shows its default, once
         super().__init__(*args, **kwargs)
 
     def error(self, message):
@@ -440,10 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="", help="opening text (empty: a new poem)")
     p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to write with")
     p.add_argument("--max-new-tokens", type=_token_count, default=64,
-                   help=f"tokens to write, 1 to {MAX_NEW_TOKENS:,}")
-    p.add_argument("--temperature", type=_real, default=0.8, help="0 is greedy; higher flattens the distribution")
+                   help=f"tokens to write, 1 to {MAX_NEW_TOKENS:,} (tang-bpe: a character that the last token "
+                        f"leaves unfinished is not printed)")
+    p.add_argument("--temperature", type=_temperature, default=0.8,
+                   help="a finite number >= 0: 0 is greedy; higher flattens the distribution")
     p.add_argument("--top-k", type=_top_k, default=40, help="keep the k most likely tokens; 0 turns the filter off")
-    p.add_argument("--top-p", type=_real, default=0.95,
+    p.add_argument("--top-p", type=_top_p, default=0.95,
                    help="keep the smallest set holding this much probability, in (0, 1]; 1 turns it off")
     p.add_argument("--seed", type=_seed, default=1337, help="seed of the sampler's own generator, 0 to 2**64 - 1")
     p.add_argument("--no-cache", action="store_true", help="recompute every step instead of the KV cache")
@@ -457,8 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="validation loss per character and format score")
     p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to score")
-    p.add_argument("--poems", type=_at_least_one, default=200, help="poems to sample for the format score")
-    p.add_argument("--show", type=_positive_int, default=5, help="sample poems to print")
+    p.add_argument("--poems", type=_poems, default=200,
+                   help=f"poems to sample for the format score, 1 to {MAX_POEMS:,}")
+    p.add_argument("--show", type=_shown, default=5, help=f"sample poems to print, 0 to {MAX_POEMS:,}")
     p.add_argument("--before", metavar="DIR", help="also score the model kept in this data folder (an earlier "
                    "version's checkpoint, tokenizer and MANIFEST.json), side by side, on this corpus")
     p.set_defaults(func=cmd_evaluate)
@@ -484,10 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model and write it to data/")
     p.add_argument("--model", choices=models + ["tang-char-draft", *smaller_caches], default="tang-char",
                    help="the model to train (the last three: notebook 9's smaller caches, converted from tang-char)")
-    p.add_argument("--steps", type=_positive_int, help="optimiser steps (default: the model's recipe)")
-    p.add_argument("--batch-size", type=_positive_int, help="windows per step (default: the model's recipe)")
-    p.add_argument("--lr", type=_real, help="peak learning rate (default: the model's recipe)")
-    p.add_argument("--threads", type=_positive_int, help="torch threads (default: 1)")
+    p.add_argument("--steps", type=_steps, help=f"optimiser steps, 1 to {MAX_STEPS:,} (default: the model's recipe)")
+    p.add_argument("--batch-size", type=_batch_size,
+                   help=f"windows per step, 1 to {MAX_BATCH:,} (default: the model's recipe)")
+    p.add_argument("--lr", type=_lr, help="peak learning rate, a finite number > 0 (default: the model's recipe)")
+    p.add_argument("--threads", type=_threads, help=f"torch threads, 1 to {MAX_THREADS} (default: 1)")
     p.add_argument("--seed", type=_seed, help="seed of the initial weights and the batches (default: 1337)")
     p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")
     p.add_argument("--restart", action="store_true",

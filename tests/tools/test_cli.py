@@ -1,5 +1,6 @@
 """The command line: demo sections, generate's JSON, and its defaults."""
 import json
+import re
 
 import pytest
 
@@ -204,3 +205,166 @@ def test_json_floats_are_rounded_for_reading():
     assert rounded({"a": 0.123456789, "b": [1.0 / 3, 2], "c": (1234567.0, "x"), "d": 3.7314711104592822e-06}) == \
         {"a": 0.1235, "b": [0.3333, 2], "c": [1235000.0, "x"], "d": 3.731e-06}
     assert to_json({"k": 2 / 3}, indent=None) == '{"k": 0.6667}'
+
+
+# ---- bad numbers: refused at the edge, status 2, one line that names the option and what it allows ----
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Training and evaluation made impossible: a value that got past the checks fails, never runs."""
+    from kvlib.tools import training
+
+    def run(*args, **kwargs):
+        raise AssertionError("a refused value started a run")
+
+    monkeypatch.setattr(training, "train", run)
+    monkeypatch.setattr(training, "evaluate", run)
+
+
+def refused(capsys, argv) -> str:
+    """The one line main prints for ``argv``, after checking it exits 2 without a traceback."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def number_options():
+    """(command, option) for every option with a type (each parses a number), so one added later is swept too."""
+    commands = build_parser()._subparsers._group_actions[0].choices
+    return [(name, a.option_strings[-1]) for name, sub in commands.items() for a in sub._actions if a.type is not None]
+
+
+HUGE = "99999999999999999999"  # past every bound: `train --threads` once overflowed C's long long
+
+
+@pytest.mark.parametrize("command, option", [o for o in number_options() if o[1] not in ("--temperature", "--lr")])
+def test_every_number_option_refuses_a_value_past_its_bound_naming_it(no_runs, capsys, command, option):
+    for value in (HUGE, "-" + HUGE):
+        err = refused(capsys, [command, option, value])
+        assert f"argument {option}: must be" in err and "got " in err, err
+
+
+def test_the_sweep_finds_every_number_option():
+    found = set(number_options())
+    assert {("train", "--threads"), ("train", "--steps"), ("train", "--batch-size"), ("train", "--lr"),
+            ("evaluate", "--poems"), ("evaluate", "--show"), ("generate", "--max-new-tokens"),
+            ("generate", "--temperature"), ("generate", "--top-p"), ("serve", "--requests")} <= found
+    assert len(found) == 19  # with --top-k, --seed (3), --rate, --new-tokens, --rounds, --texts, --length
+
+
+@pytest.mark.parametrize("argv, allowed", [
+    (["train", "--threads", "257"], r"a whole number of threads in \[1, 256\], got 257"),
+    (["train", "--threads", "100000"], r"in \[1, 256\], got 100000"),
+    (["train", "--threads", "0"], r"in \[1, 256\], got 0"),
+    (["train", "--steps", "0"], r"--steps: must be a whole number of steps in \[1, 1,000,000\], got 0"),
+    (["train", "--steps", "-1"], r"--steps: .* in \[1, 1,000,000\], got -1"),
+    (["train", "--batch-size", "0"], r"--batch-size: must be a whole number of windows in \[1, 1,024\], got 0"),
+    (["train", "--lr", "0"], r"--lr: must be a finite number > 0, got 0.0"),
+    (["train", "--lr", "-1"], r"--lr: must be a finite number > 0, got -1.0"),
+    (["train", "--lr", "nan"], r"--lr: must be a finite number > 0, got nan"),
+    (["train", "--lr", "inf"], r"--lr: must be a finite number > 0, got inf"),
+    (["evaluate", "--poems", "1000000000000"], r"--poems: must be a whole number of poems in \[1, 1,000\]"),
+    (["evaluate", "--poems", "-3"], r"--poems: .* in \[1, 1,000\], got -3"),
+    (["evaluate", "--poems", "0"], r"--poems: .* in \[1, 1,000\], got 0"),
+    (["evaluate", "--show", "1001"], r"--show: must be a whole number of poems in \[0, 1,000\], got 1001"),
+    (["generate", "--temperature", "-1"], r"--temperature: must be a finite number >= 0 \(0: greedy\), got -1.0"),
+    (["generate", "--temperature", "1e999"], r"--temperature: must be a finite number >= 0 .*, got inf"),
+    (["generate", "--top-p", "0"], r"--top-p: must be a number in \(0, 1\] \(1: no top-p filter\), got 0.0"),
+    (["generate", "--top-p", "nan"], r"--top-p: must be a number in \(0, 1\] .*, got nan"),
+    (["generate", "--max-new-tokens", "0"], r"--max-new-tokens: must be a whole number of tokens in \[1, 100,000\]"),
+    (["generate", "--benchmark", "--max-new-tokens", "0"], r"--max-new-tokens: .* in \[1, 100,000\], got 0"),
+])
+def test_a_bad_number_is_refused_naming_the_option_and_its_true_range(no_runs, capsys, argv, allowed):
+    err = refused(capsys, argv)
+    assert re.search(allowed, err), err
+    assert not re.search(r"\b(top_p|batch_size|n_poems)\b|None", err), err  # the typed flag, never a field name
+
+
+@pytest.mark.parametrize("argv, attr, value", [
+    (["train", "--threads", "256"], "threads", 256), (["train", "--steps", "1000000"], "steps", 1_000_000),
+    (["train", "--batch-size", "1024"], "batch_size", 1024), (["train", "--lr", "1e-4"], "lr", 1e-4),
+    (["evaluate", "--poems", "1000"], "poems", 1000), (["evaluate", "--show", "0"], "show", 0),
+    (["generate", "--max-new-tokens", "1"], "max_new_tokens", 1),
+    (["generate", "--temperature", "0"], "temperature", 0.0), (["generate", "--top-p", "1"], "top_p", 1.0),
+])
+def test_the_ends_of_each_range_are_accepted(argv, attr, value):
+    assert getattr(build_parser().parse_args(argv), attr) == value
+
+
+def command_help(command: str) -> str:
+    return build_parser()._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_help_states_each_bound_and_each_default_once():
+    text = {c: " ".join(command_help(c).split()) for c in ("generate", "evaluate", "train")}
+    for command, bound in [("train", "torch threads, 1 to 256"), ("train", "optimiser steps, 1 to 1,000,000"),
+                           ("train", "windows per step, 1 to 1,024"), ("train", "a finite number > 0"),
+                           ("evaluate", "for the format score, 1 to 1,000"), ("evaluate", "to print, 0 to 1,000"),
+                           ("generate", "tokens to write, 1 to 100,000"), ("generate", "a finite number >= 0")]:
+        assert bound in text[command], (command, bound)
+    for command in ("demo", "generate", "evaluate", "bench", "serve", "speculate", "train", "shrink"):
+        options = re.split(r"\n  (?=-)", command_help(command))
+        for option in options:
+            assert option.count("(default") <= 1 and "(default: None)" not in option, option
+    assert "(default: the model's recipe)" in text["train"] and "(default: 1337)" in text["train"]
+
+
+# ---- a character the token budget cut off: dropped, never printed as U+FFFD -----------------------
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--stream"], ["--stream", "--json"], ["--no-cache"]])
+def test_a_character_cut_off_by_the_budget_is_not_printed(monkeypatch, capsys, shipped_bpe, extra):
+    """The last token holds only the first bytes of 月: what is printed stops before it, everywhere."""
+    import torch
+
+    from kvlib import decoding
+    from kvlib.tools import cli
+
+    model, tok = shipped_bpe
+    ids = tok.encode("春风") + list("月".encode()[:2])  # ids 0-255 are single bytes
+    assert tok.decode(ids).endswith("\ufffd")  # what the library's decode makes of them
+
+    def fake(model, idx, max_new_tokens, on_token=None, **kwargs):
+        new = torch.tensor([ids])
+        for step in range(len(ids)):
+            if on_token is not None:
+                on_token(step, new[:, step])
+        return decoding.GenerationResult(tokens=torch.cat([idx, new], 1), prompt_lengths=torch.tensor([idx.shape[1]]),
+                                         new_tokens=new, stop_reason="max_new_tokens", finished=torch.tensor([False]))
+
+    monkeypatch.setattr(cli, "_load", lambda name: (model, tok))
+    monkeypatch.setattr(decoding, "generate", fake)
+    monkeypatch.setattr(decoding, "generate_uncached", fake)
+    main(["generate", "--model", "tang-bpe", "--prompt", "明", "--max-new-tokens", str(len(ids))] + extra)
+    out, err = capsys.readouterr()
+    printed = err if extra == ["--stream", "--json"] else out
+    assert "\ufffd" not in out + err
+    if "--json" in extra:
+        assert json.loads(out)["completion"] == "春风"
+    if extra != ["--json"]:
+        assert printed == "明春风\n"
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--stream"], ["--batch-prompts", "春风|明月", "--json"]])
+def test_the_shipped_bpe_model_never_prints_the_replacement_character(capsys, extra):
+    for n in ("1", "2", "3"):  # three tokens end mid-character (the tester's "兴\ufffd")
+        main(["generate", "--model", "tang-bpe", "--max-new-tokens", n] + extra)
+        out, err = capsys.readouterr()
+        assert "\ufffd" not in out + err and "\\ufffd" not in out
+
+
+# ---- evaluate --before: the folder the user names --------------------------------------------------
+
+@pytest.mark.parametrize("manifest, reason", [
+    ("not json", "MANIFEST.json is not valid JSON"), ("{}", "tang-char.pt is not listed in"),
+    ("[]", "must map file names"), ('{"tang-char.pt": {"sha256": "' + "a" * 64 + '"}}', "tang-char.pt is missing"),
+    (None, "not a data folder"),
+])
+def test_a_bad_before_folder_is_a_usage_error_saying_what_it_must_hold(no_runs, tmp_path, capsys, manifest, reason):
+    if manifest is not None:
+        (tmp_path / "MANIFEST.json").write_text(manifest)
+    err = refused(capsys, ["evaluate", "--before", str(tmp_path)])
+    assert err.startswith(f"python -m kvlib evaluate: error: --before {tmp_path}: ") and reason in err, err
+    assert "an earlier tang-char.pt, its tokenizer file and a MANIFEST.json" in err
+    assert "git" not in err  # the user's folder, not data/: nothing to restore with git

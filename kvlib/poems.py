@@ -14,7 +14,7 @@ import torch
 from .checks import ContextLimitError, check_int, check_pair, check_seed, check_text
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
-from .tokenizer import is_ideograph, token_label
+from .tokenizer import decode_complete, is_ideograph, token_label
 
 
 def unk_ids(tokenizer) -> list[int]:
@@ -145,12 +145,12 @@ def write_ids(model, tokenizer, texts: list[str], max_new_tokens: int | None = N
 
 
 def completion(tokenizer, result: GenerationResult, b: int = 0) -> str:
-    """The new text of row ``b``, without the closing separator."""
+    """The new text of row ``b``, without the closing separator (nor a character the token budget cut off)."""
     check_int("b", b, 0, result.new_tokens.shape[0] - 1)
     ids = result.new_tokens[b].tolist()
     if tokenizer.eos_id in ids:
         ids = ids[: ids.index(tokenizer.eos_id)]
-    return tokenizer.decode(ids)
+    return decode_complete(tokenizer, ids)
 
 
 def line_lengths(poem: str) -> list[int]:

@@ -30,7 +30,7 @@ from .decoding import check_cache
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .poems import encode_prompt, without_unk
-from .tokenizer import token_label
+from .tokenizer import decode_complete, token_label
 
 TOP = 10  # bars in the distribution panel
 _KEEP = object()  # set_sampling: "leave this setting as it is"
@@ -261,4 +261,4 @@ class CacheStepper:
 
     def text(self) -> str:
         """The prompt and everything chosen so far, decoded (poem separators become newlines)."""
-        return self.tokenizer.decode(self.tokens[1:])
+        return decode_complete(self.tokenizer, self.tokens[1:])

@@ -302,6 +302,13 @@ class TextStream:
         return self._utf8.decode(b"", final=True)
 
 
+def decode_complete(tokenizer, ids) -> str:
+    """``tokenizer.decode(ids)`` less the bytes of a last character the ids leave unfinished, which
+    ``decode`` would show as U+FFFD: the text of a sample that a token budget may cut mid-character."""
+    stream = TextStream(tokenizer)
+    return "".join(map(stream.push, check_token_ids(ids, tokenizer.vocab_size)))
+
+
 def stream_decode(tokenizer, ids):
     """Yield text as tokens arrive; concatenated, the pieces equal ``tokenizer.decode(ids)``."""
     stream = TextStream(tokenizer)

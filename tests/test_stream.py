@@ -104,3 +104,29 @@ def test_text_stream_joins_to_decode(bpe_tokenizer):
     cut = TextStream(bpe_tokenizer)
     first = next(i for i in ids if bpe_tokenizer.token_bytes(i)[0] >= 0xC0 and len(bpe_tokenizer.token_bytes(i)) < 3)
     assert cut.push(first) == "" and cut.close() == REPLACEMENT  # a cut-off character shows as U+FFFD at the end
+
+
+def test_decode_complete_drops_only_a_character_cut_off_at_the_end(bpe_tokenizer):
+    from kvlib.tokenizer import decode_complete
+
+    tok = bpe_tokenizer
+    cut = tok.encode("春风") + list("月".encode()[:2])    # ids 0-255 are single bytes: 月 without its last byte
+    assert tok.decode(cut).endswith(REPLACEMENT)
+    assert decode_complete(tok, cut) == "春风"
+    assert decode_complete(tok, torch.tensor(tok.encode(TEXT))) == TEXT
+    assert decode_complete(tok, [0xFF] + tok.encode("春")) == REPLACEMENT + "春"  # bad bytes inside still show
+
+
+def test_written_samples_never_end_in_a_cut_off_character(shipped_bpe):
+    """Budgets of 1 to 8 tokens cut the shipped model's samples mid-character; the text stops before it."""
+    from kvlib.poems import completion, write
+
+    model, tok = shipped_bpe
+    cut_somewhere = False
+    for n in range(1, 9):
+        result = generate(model, torch.tensor([tok.encode("\n明")]), n, temperature=0.8,
+                          generator=torch.Generator().manual_seed(n))
+        cut_somewhere |= tok.decode(result.new_tokens[0]).endswith(REPLACEMENT)
+        assert REPLACEMENT not in completion(tok, result)
+        assert REPLACEMENT not in "".join(write(model, tok, ["明", "春风"], max_new_tokens=n, seed=n))
+    assert cut_somewhere, "no budget cut a character: the test shows nothing"

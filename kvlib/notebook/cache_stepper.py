@@ -12,7 +12,7 @@ from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
                    error_message, frame, html_label, in_row, message_html, row, slider, step_buttons,
                    too_long_message, unknown_message)
-from ..tokenizer import UnknownCharacterError
+from ..tokenizer import UnknownCharacterError, decode_complete
 
 ROW = 20          # px per layer (cache) and per head (attention)
 LABEL_W = 64      # px for the row labels ("layer 0", "L0 h0")
@@ -249,7 +249,7 @@ class StepperWidget:
             prompt = html.escape(self.tokenizer.decode(s.prompt_ids[1:]))
             new_ids = s.tokens[len(s.prompt_ids):]
             # Decoded together (a byte-level token alone may be part of a character); the last step's part in bold.
-            whole, before = self.tokenizer.decode(new_ids), self.tokenizer.decode(new_ids[:-1])
+            whole, before = decode_complete(self.tokenizer, new_ids), decode_complete(self.tokenizer, new_ids[:-1])
             same = len(os.path.commonprefix([whole, before]))
             new = [html.escape(whole[:same])] + ([f"<b style='color:{HIGHLIGHT_COLOR}'>{html.escape(whole[same:])}</b>"]
                                                  if new_ids else [])

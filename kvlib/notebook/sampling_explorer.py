@@ -17,7 +17,7 @@ from ..checks import check_pair
 from ..decoding import generate
 from ..sampling import probabilities
 from ..poems import encode_prompt, no_unk, unk_ids
-from ..tokenizer import UnknownCharacterError, token_label
+from ..tokenizer import UnknownCharacterError, decode_complete, token_label
 from . import plots  # noqa: F401  registers the font the bars use
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
                    in_column, message_html, require_str, row, slider, too_long_message, unknown_message)
@@ -129,7 +129,7 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     out = generate(model, torch.tensor([ids]), n_chars, temperature=view.temperature, top_k=top_k,
                    top_p=top_p, generator=torch.Generator().manual_seed(view.seed),
                    logits_hook=no_unk(tokenizer, capture))
-    view.poem = tokenizer.decode(out.new_tokens[0].tolist())
+    view.poem = decode_complete(tokenizer, out.new_tokens[0])
     tempered = probabilities(first[0], view.temperature)[0]                       # (V,); one-hot at 0
     kept = probabilities(first[0], view.temperature, top_k, top_p)[0] > 0          # (V,) bool
     values, top_ids = tempered.topk(n_bars)

@@ -13,7 +13,7 @@ import torch
 from ..checks import check_gpt, check_pair
 from ..decoding import cache_decoder, generate
 from ..poems import encode_prompt, no_unk
-from ..tokenizer import UnknownCharacterError
+from ..tokenizer import UnknownCharacterError, decode_complete
 from ..tools.shrink_bench import check_table, converted, settings
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
 
@@ -65,7 +65,7 @@ class ShrinkView:
         idx = torch.tensor([encode_prompt(self.tokenizer, self.prompt)])
         out = generate(model, idx, self.n_chars, temperature=0.8, generator=torch.Generator().manual_seed(self.seed),
                        logits_hook=no_unk(self.tokenizer), decoder=decoder if s.model is None else "model")
-        return self.prompt + self.tokenizer.decode(out.new_tokens[0].tolist()).replace("\n", " ")
+        return self.prompt + decode_complete(self.tokenizer, out.new_tokens[0]).replace("\n", " ")
 
     def text(self) -> str:
         r = self.rows[self.choice.value]

@@ -15,6 +15,7 @@ import torch
 from ..checks import check_int, check_multi_head, check_pair
 from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
+from ..tokenizer import decode_complete, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, display, error_message, frame,
                    html_label, in_row, message_html, row, slider, step_buttons, too_long_message)
 
@@ -34,8 +35,8 @@ def _span(token: str, kind: str) -> str:
 def round_html(tokenizer, r: Round, number: int) -> str:
     """One round as a line of coloured tokens."""
     kinds = ["kept" if i < r.accepted else "rejected" if i == r.accepted else "unjudged" for i in range(len(r.drafted))]
-    parts = [_span(tokenizer.decode([t]), kind) for t, kind in zip(r.drafted, kinds)]
-    parts.append(" → " + _span(tokenizer.decode([r.token]), "bonus" if r.bonus else "correction"))
+    parts = [_span(token_label(tokenizer, t), kind) for t, kind in zip(r.drafted, kinds)]
+    parts.append(" → " + _span(token_label(tokenizer, r.token), "bonus" if r.bonus else "correction"))
     verdict = (f"all {len(r.drafted)} kept, plus the bonus" if r.bonus and r.drafted else
                "no guess (the block is nearly full)" if not r.drafted else
                f"{r.accepted} of {len(r.drafted)} kept, then the target's own token")
@@ -159,8 +160,8 @@ class SpeculativeView:
         if d is None:
             return self.output.value
         tok = self.tokenizer
-        prompt = html.escape(tok.decode(d.tokens[1:d.prompt_length])).replace("\n", "⏎")
-        new = html.escape(tok.decode(d.tokens[d.prompt_length:])).replace("\n", "⏎")
+        prompt = html.escape(decode_complete(tok, d.tokens[1:d.prompt_length])).replace("\n", "⏎")
+        new = html.escape(decode_complete(tok, d.tokens[d.prompt_length:])).replace("\n", "⏎")
         done = f" — stopped: {d.stop_reason}; press Reset" if d.done else ""
         rounds = "".join(round_html(tok, r, i + 1) for i, r in enumerate(d.rounds)) or \
             f'<div style="color:#666;{FONT}">press Round to let the draft guess</div>'

@@ -68,17 +68,6 @@ def _printer(tok, out):
     return on_token  # no stream.close(): bytes of a character cut off at the end are dropped, never U+FFFD
 
 
-def _completion(tok, result, b: int = 0) -> str:
-    """Row ``b``'s new text up to the separator, as :func:`_printer` streams it: :class:`TextStream` holds
-    back the bytes of a character the token budget cut off, so they are dropped instead of printed as U+FFFD."""
-    from ..tokenizer import TextStream
-
-    ids, stream = result.new_tokens[b].tolist(), TextStream(tok)
-    if tok.eos_id in ids:
-        ids = ids[: ids.index(tok.eos_id)]
-    return "".join(map(stream.push, ids))
-
-
 def _check_prompt_text(text: str, flag: str) -> str:
     """Command-line text is valid Unicode: bytes that were not UTF-8 arrive as lone surrogates."""
     try:
@@ -129,7 +118,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from ..decoding import generate, generate_uncached
-    from ..poems import no_unk
+    from ..poems import completion, no_unk
     from ..verify import verify_cache
 
     _check_prompt_text(args.prompt, "--prompt")
@@ -159,7 +148,7 @@ def cmd_generate(args) -> None:
             result = generate(model, idx, args.max_new_tokens, on_token=on_token, **sampling)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    text = _completion(tok, result)
+    text = completion(tok, result)
     note = _context_note(result, len(ids), block, args.no_cache, args.max_new_tokens)
     report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason, "note": note,
               "verify": None, "benchmark": None}
@@ -190,7 +179,7 @@ def _generate_batch(args) -> None:
     """--batch-prompts: every prompt's completion from one left-padded batch, then the consistency check."""
     import torch
 
-    from ..poems import write_ids
+    from ..poems import completion, write_ids
     from ..verify import check_batch_consistency, verify_cache
 
     _check_prompt_text(args.batch_prompts, "--batch-prompts")
@@ -217,7 +206,7 @@ def _generate_batch(args) -> None:
                            top_k=args.top_k or None, top_p=args.top_p, generator=gen)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    completions = [_completion(tok, result, b) for b in range(len(prompts))]
+    completions = [completion(tok, result, b) for b in range(len(prompts))]
     longest = max(map(len, ids))
     check = check_batch_consistency(model, ids, min(16, block - longest + 1))
     report = {"prompts": prompts, "completions": completions, "stop_reason": result.stop_reason,

@@ -63,6 +63,13 @@ def test_round_colours(char):
     assert "spec-bonus" in round_html(tok, Round(ids[:2], 2, ids[2]), 2)
 
 
+def test_byte_level_guesses_are_labelled_apart(bpe_tokenizer):
+    """Two bytes of 月 guessed alone would each decode to U+FFFD: the line shows their bytes instead."""
+    first, second = "月".encode()[:2]  # ids 0-255 are single bytes
+    line = round_html(bpe_tokenizer, Round([first, second], 1, second), 1)
+    assert "\ufffd" not in line and f"{first:02x}" in line and f"{second:02x}" in line
+
+
 def test_failures_show_in_place_and_disable_the_round_button(char, monkeypatch):
     from kvlib.speculative import SpeculativeDecoder
 

@@ -11,7 +11,7 @@ from ..constraints import acrostic, poem_lines
 from ..tokenizer import UnknownCharacterError
 from . import plots
 from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_column,
-                   message_html, require_str, slider, unknown_message)
+                   message_html, require_str, show_refusals, slider, unknown_message)
 
 
 @dataclass
@@ -93,8 +93,7 @@ class AcrosticWriter:
         self.poem = w.HTML(layout=w.Layout(width="100%"))
         self.widget = frame(self.heads, self.chars_per_line, self.temperature, self.seed, self.info, self.poem)
         self.view: AcrosticView | None = None
-        for control in (self.temperature, self.seed):
-            control.refused = self.fail
+        show_refusals(self.poem, self.temperature, self.seed)
         for control in (self.heads, self.chars_per_line, self.temperature, self.seed):
             control.observe(self.update, "value")
         self.update()

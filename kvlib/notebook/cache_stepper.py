@@ -10,7 +10,7 @@ from ..checks import ContextLimitError, check_multi_head, check_pair, check_seed
 from ..model import GPT
 from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
-                   error_message, frame, html_label, in_row, message_html, row, slider, step_buttons,
+                   error_message, frame, html_label, in_row, message_html, row, show_refusals, slider, step_buttons,
                    too_long_message, unknown_message)
 from ..tokenizer import UnknownCharacterError, decode_complete
 
@@ -161,10 +161,10 @@ class StepperWidget:
         self.temperature = slider("float", value=temperature, min=TEMPERATURE_RANGE[0], max=TEMPERATURE_RANGE[1],
                                   step=0.05, description="temperature", continuous_update=False,
                                   layout=in_row(320, 260, 420))
-        self.temperature.refused = self._refused_setting
         self.step_button, self.reset_button = step_buttons()
         self.status = w.HTML(layout=w.Layout(width="100%"))
         self.picture = w.HTML(layout=w.Layout(width="100%"))
+        show_refusals(self.status, self.temperature)
         self.step_button.on_click(lambda _: self._step())
         self.reset_button.on_click(lambda _: self._restart())
         self.prompt_box.observe(lambda _: self._restart(), names="value")
@@ -215,14 +215,6 @@ class StepperWidget:
             self._refuse(error_message(e))
             return
         self._refresh()
-
-    def _refused_setting(self, message: str) -> None:
-        """A value off the slider's range: refused; the message goes above the steps, which still hold."""
-        if self.stepper is None:
-            self._refuse(message)
-            return
-        self._refresh()
-        self.status.value = message_html(message) + self.status.value
 
     def _refuse(self, message: str) -> None:
         """An invalid prompt or a failed update: no stepper, no stale picture, one message."""

@@ -9,7 +9,7 @@ import html
 from ..memory import DTYPE_BYTES, SHAPES, ModelShape, describe
 from .plots import plot_cache_memory as memory_figure  # noqa: F401  the name notebook 5 imports
 from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row,
-                   message_html, row, slider)
+                   message_html, row, show_refusals, slider)
 
 
 class MemoryCalculator:
@@ -50,10 +50,10 @@ class MemoryCalculator:
         self.model = w.Dropdown(options=list(self.shapes), value=model, description="model", **controls)
         self.batch = slider("int", value=batch, min=1, max=256, description="batch", continuous_update=True,
                             **controls)
-        self.batch.refused = self.fail
         self.tokens = w.SelectionSlider(options=self.CONTEXTS, value=tokens, description="context", **controls)
         self.dtype = w.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="dtype", **controls)
         self.output = w.HTML(layout=w.Layout(width="100%"))
+        show_refusals(self.output, self.batch)
         for control in (self.model, self.batch, self.tokens, self.dtype):
             control.observe(lambda _: self._refresh(), names="value")
         self.widget = frame(row(self.model, self.dtype), row(self.batch, self.tokens), self.output)

@@ -7,7 +7,7 @@ from ..checks import check_int, check_pair
 from ..poems import encode_prompt, top_next
 from ..tokenizer import UnknownCharacterError
 from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
-                   in_row, message_html, require_str, row, slider, too_long_message, unknown_message)
+                   in_row, message_html, require_str, row, show_refusals, slider, too_long_message, unknown_message)
 
 
 @dataclass
@@ -56,8 +56,8 @@ class PromptBox:
                              style=control_style(font_size="16px"), layout=in_row(360, 260, 520))
         self.k = slider("int", value=k, min=3, max=20, description="top k", continuous_update=False,
                         layout=in_row(300, 240, 420))
-        self.k.refused = self.fail
         self.chart = w.HTML()
+        show_refusals(self.chart, self.k)
         self.widget = frame(row(self.prompt, self.k), self.chart)
         self.view: NextView | None = None
         self.prompt.observe(self.update, "value")

@@ -20,7 +20,7 @@ from ..poems import encode_prompt, no_unk, unk_ids
 from ..tokenizer import UnknownCharacterError, decode_complete, token_label
 from . import plots  # noqa: F401  registers the font the bars use
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
-                   in_column, message_html, require_str, row, slider, too_long_message, unknown_message)
+                   in_column, message_html, require_str, row, show_refusals, slider, too_long_message, unknown_message)
 
 SEPARATOR_LABEL = "⏎"
 
@@ -195,8 +195,7 @@ class SliderExplorer:
         self.n_bars = n_bars
         self.view: ExplorerView | None = None
         self.timing: dict[str, float] = {}
-        for control in (self.temperature, self.top_k, self.top_p, self.seed):
-            control.refused = self.fail
+        show_refusals(self.poem, self.temperature, self.top_k, self.top_p, self.seed)
         for control in (self.prompt, self.temperature, self.top_k, self.top_p, self.seed):
             control.observe(self.update, "value")
         self.update()

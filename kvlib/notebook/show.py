@@ -16,6 +16,7 @@ on every widget.
 from __future__ import annotations
 
 import html
+import re
 
 from ..tokenizer import UnknownCharacterError, invisible_name
 from .fonts import char_label
@@ -73,6 +74,24 @@ def format_top(text: str, pairs, decimals: int = 1) -> str:
 def message_html(text: str) -> str:
     """A message in place of a result (a typing mistake, something that does not fit)."""
     return f'<p style="{FONT};color:{MESSAGE_COLOR};margin:4px 0">{html.escape(text)}</p>'
+
+
+REFUSAL_CLASS = "kv-refusal"
+_EARLIER_REFUSAL = re.compile(rf'^<p class="{REFUSAL_CLASS}"[^>]*>[^<]*</p>')
+
+
+def show_refusals(area, *controls) -> None:
+    """Where a value off a control's range goes: its message above what ``area`` (an HTML widget) shows.
+
+    The control refuses the value and keeps its own, so the picture still matches every control and
+    stays; the message replaces an earlier refusal's and goes at the next redraw.
+    """
+    def refused(message: str) -> None:
+        kept = _EARLIER_REFUSAL.sub("", area.value, count=1)
+        area.value = f'<p class="{REFUSAL_CLASS}"{message_html(message)[2:]}{kept}'
+
+    for control in controls:
+        control.refused = refused
 
 
 def check_setting(name: str, value, low, high, integer: bool = False):
@@ -204,7 +223,7 @@ def slider(kind: str = "float", **kwargs):
     """A slider (``kind`` "int" or "float") that refuses a value off its range with a message.
 
     ipywidgets' own sliders clamp such a value to the range without a word; this one raises a
-    ``TraitError`` and first calls its ``refused(message)``, which the widget points at its message area.
+    ``TraitError`` and first calls its ``refused(message)``, which :func:`show_refusals` points at the widget's picture.
     """
     import ipywidgets as w
 

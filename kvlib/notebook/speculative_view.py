@@ -17,7 +17,7 @@ from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, Speculat
 from ..poems import encode_prompt, unk_ids
 from ..tokenizer import decode_complete, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, display, error_message, frame,
-                   html_label, in_row, message_html, row, slider, step_buttons, too_long_message)
+                   html_label, in_row, message_html, row, show_refusals, slider, step_buttons, too_long_message)
 
 KEPT, REJECTED, BONUS = "#2e7d32", "#c62828", "#1565c0"
 UNJUDGED = "#8a8a8a"
@@ -93,9 +93,9 @@ class SpeculativeView:
                                      style=control_style(), layout=in_row(300, 240, 420))
         self.gamma = slider("int", value=gamma, min=1, max=8, description="γ", continuous_update=False,
                             layout=in_row(300, 240, 420))
-        self.gamma.refused = self.fail
         self.step_button, self.reset_button = step_buttons("Round")
         self.output = w.HTML(layout=w.Layout(width="100%"))
+        show_refusals(self.output, self.gamma)
         self.step_button.on_click(lambda _: self.step())
         self.reset_button.on_click(lambda _: self.restart())
         for control in (self.prompt_box, self.draft_menu, self.gamma):

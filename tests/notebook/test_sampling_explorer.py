@@ -143,7 +143,7 @@ def test_a_value_off_a_slider_is_refused_with_a_message(char):
     with pytest.raises(TraitError, match=r"temperature 5.0 is off the slider's range \[0.0, 2.0\]"):
         ex.temperature.value = 5.0
     assert ex.temperature.value == 1.0  # not clamped to 2.0
-    assert "refused" in ex.poem.value and ex.chart.value == ""
+    assert "refused" in ex.poem.value and ex.chart.value  # the bars of temperature 1.0 stay
     with pytest.raises(TraitError):
         ex.top_k.value = -3
     assert ex.top_k.value == 0

@@ -211,3 +211,47 @@ def test_the_checker_sees_layouts_and_styles(char):
 
     problems = "\n".join(fit_problems(Wide()))
     assert "does not wrap" in problems and "1086px" in problems and "12px" in problems
+
+
+# --- a value off a slider's range: refused, with the picture kept --------------------------------------------
+
+def _sliders(obj):
+    """(name, slider) for every range-checking slider the widget holds."""
+    return [(name, c) for name, c in vars(obj).items() if type(c).__name__.startswith("Strict")]
+
+
+def _html_areas(obj) -> dict:
+    import ipywidgets as w
+
+    return {name: c.value for name, c in vars(obj).items() if isinstance(c, w.HTML)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_value_off_a_slider_leaves_the_picture_and_says_why(char, name):
+    """The slider keeps its value, so what the widget shows still matches it: the message goes above, once."""
+    from traitlets import TraitError
+
+    model, tok = char
+    obj = next(CASES[name](model, tok))
+    for slider_name, control in _sliders(obj):
+        before, value = _html_areas(obj), control.value
+        for off in (control.max + 1, control.min - 1, control.max + 2):
+            with pytest.raises(TraitError, match="off the slider's range"):
+                control.value = off
+        after = _html_areas(obj)
+        changed = [k for k in after if after[k] != before[k]]
+        assert len(changed) == 1, f"{name}.{slider_name}: the message should go to one area, went to {changed}"
+        shown = after[changed[0]]
+        assert control.value == value and shown.count(show.REFUSAL_CLASS) == 1 and str(control.max + 2) in shown
+        picture = show._EARLIER_REFUSAL.sub("", before[changed[0]])  # a message from the slider before is replaced
+        assert shown.endswith(picture) and picture, f"{name}.{slider_name}: the picture before the refusal is gone"
+    if _sliders(obj):
+        control.value = control.min if control.value != control.min else control.max  # a good change redraws
+        assert not any(show.REFUSAL_CLASS in v for v in _html_areas(obj).values()), f"{name}: the message stayed"
+
+
+def test_every_widget_with_a_slider_is_in_the_refusal_test(char):
+    model, tok = char
+    with_sliders = {name for name in CASES if _sliders(next(CASES[name](model, tok)))}
+    assert with_sliders >= {"PromptBox", "SliderExplorer", "AcrosticWriter", "StepperWidget", "MemoryCalculator",
+                            "SpeculativeView"}

@@ -1,6 +1,7 @@
 """Proof that the cache changes nothing: cached decoding against full recomputation."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +29,8 @@ def check_verify_inputs(model, idx, steps) -> None:
               f"an int in [1, {block - P + 1}] for a {P}-token prompt and block size {block}")
 
 
-ATOL = 1e-4
+ATOL = 1e-4             # for float32 and float64 models
+ROUNDING_STEPS = 4      # a difference this many of the dtype's spacings apart may be rounding alone
 
 
 @dataclass
@@ -43,12 +45,26 @@ class CacheReport:
     divergence_margin: float | None
     tokens: list[int] = field(repr=False)
     atol: float = ATOL
+    dtype: str = "torch.float32"   # the model's
+    rounding_step: float = 0.0     # the dtype's spacing at the largest recomputed |logit|
 
     @property
     def passed(self) -> bool:
         """Logits within atol, and any divergence excused only by a near-tie (margin < atol)."""
         excused = self.first_divergence is None or self.divergence_margin < self.atol
         return self.max_abs_logit_diff <= self.atol and excused
+
+    @property
+    def hint(self) -> str | None:
+        """Why a failure may be rounding alone: an atol finer than the model's dtype can tell apart."""
+        step = self.rounding_step
+        if self.passed or self.atol >= step or self.max_abs_logit_diff > ROUNDING_STEPS * step:
+            return None
+        return (f"the largest difference, {self.max_abs_logit_diff:.3g}, is within {ROUNDING_STEPS} rounding steps of "
+                f"{self.dtype} at these logits (a step is {self.rounding_step:.3g} there), while atol is "
+                f"{self.atol:g}: the cached and recomputed passes round differently, so this tolerance cannot pass "
+                f"in {self.dtype}; verify a float32 copy (copy.deepcopy(model).float()) or pass "
+                f"atol={ROUNDING_STEPS * self.rounding_step:.3g}")
 
 
 def _record_logits(store: list):
@@ -84,7 +100,13 @@ def verify_cache(model: GPT, idx: torch.Tensor, steps: int, *, decoder=None, ato
         chunk_maxima=[max(step_diffs[i:i + 16]) for i in range(0, steps, 16)],
         margins=margins.tolist(), tokens_equal=first is None, first_divergence=first,
         divergence_margin=None if first is None else float(margins[first]),
-        tokens=seq[0, P:].tolist(), atol=atol)
+        tokens=seq[0, P:].tolist(), atol=atol, dtype=str(recomputed.dtype), rounding_step=spacing(recomputed))
+
+
+def spacing(x: torch.Tensor) -> float:
+    """The distance between neighbouring values of ``x``'s floating dtype at its largest magnitude."""
+    largest = float(x.abs().max())
+    return torch.finfo(x.dtype).eps * 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 0.0
 
 
 def _margins(logits: torch.Tensor) -> list[float]:

@@ -122,6 +122,27 @@ def test_64_steps_on_a_random_model_pass(random_gpt, decoder):
     assert len(report.tokens) == 64 and len(report.chunk_maxima) == 4
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_model_fails_the_float32_tolerance_with_a_hint_that_passes(shipped_char, dtype):
+    """Rounding alone takes a 16-bit model past atol 1e-4: the report says so, and its atol passes."""
+    import copy
+
+    model, tok = shipped_char
+    low = copy.deepcopy(model).to(dtype)
+    report = verify_cache(low, poem_prompt(tok), 32)
+    assert not report.passed and report.dtype == str(dtype)
+    assert report.rounding_step > report.atol and "rounding steps" in report.hint and "float32" in report.hint
+    suggested = float(report.hint.rsplit("atol=", 1)[1])
+    assert verify_cache(low, poem_prompt(tok), 32, atol=suggested).passed
+    assert verify_cache(model, poem_prompt(tok), 32).hint is None  # float32: no excuse offered
+
+
+def test_a_real_bug_gets_no_rounding_hint(model_and_prompt):
+    model, idx = model_and_prompt
+    buggy = verify_cache(model, idx, BUG_STEPS, decoder=over(OffByOneCache))
+    assert not buggy.passed and buggy.hint is None
+
+
 def test_a_correct_hand_made_decoder_passes(model_and_prompt):
     """The control for the bug tests below: the same decoder over a plain KVCache is fine."""
     model, idx = model_and_prompt

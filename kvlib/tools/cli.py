@@ -84,7 +84,7 @@ def _verify_report(r) -> dict:
     return {"steps": r.steps, "passed": r.passed, "atol": r.atol, "max_abs_logit_diff": r.max_abs_logit_diff,
             "tokens_equal": r.tokens_equal, "first_divergence": r.first_divergence,
             "divergence_margin": r.divergence_margin, "min_margin": min(r.margins),
-            "chunk_maxima": r.chunk_maxima, "step_diffs": r.step_diffs, "margins": r.margins}
+            "chunk_maxima": r.chunk_maxima, "step_diffs": r.step_diffs, "margins": r.margins, "hint": r.hint}
 
 
 def _verify_lines(v: dict, label: str = "") -> list[str]:
@@ -99,7 +99,7 @@ def _verify_lines(v: dict, label: str = "") -> list[str]:
         "  max |diff| per 16 steps: " + " ".join(f"{x:.2g}" for x in v["chunk_maxima"]),
         "  top-1 minus top-2 margin per step: " + " ".join(f"{x:.3g}" for x in v["margins"])
         + f" (smallest {v['min_margin']:.3g} at step {smallest})",
-        f"  first divergence: {divergence}"]
+        f"  first divergence: {divergence}"] + ([f"  note: {v['hint']}"] if v.get("hint") else [])
 
 
 def _context_note(result, n_prompt: int, block: int, no_cache: bool, asked: int) -> str | None:

@@ -20,12 +20,13 @@ import torch
 from ..decoding import generate
 from ..paged import ceil_div
 from ..poems import encode_prompt
+from ..tokenizer import decode_complete, token_label
 
 
 # ---- calling the learner's code, and reading what it gave back ------------------------------------------
 
 def _show(ids, tokenizer) -> str:
-    return "「" + tokenizer.decode(ids).replace("\n", "⏎") + "」"
+    return "「" + decode_complete(tokenizer, ids).replace("\n", "⏎") + "」"
 
 
 def _brief(value) -> str:
@@ -495,7 +496,7 @@ def _probe(hook, step: int, tokens: list[int], vocab_size: int, label: str) -> t
 
 
 def _names(ids, tokenizer, most: int = 6) -> str:
-    shown = "".join(tokenizer.decode([i]).replace("\n", "⏎") for i in ids[:most])
+    shown = "".join(token_label(tokenizer, i).replace("\n", "⏎") for i in ids[:most])
     return f"{shown}{'…' if len(ids) > most else ''} ({len(ids)} token{'s' * (len(ids) != 1)})"
 
 
@@ -828,7 +829,7 @@ def check_right_padding(pad_right, next_logits, model, tokenizer, texts=RIGHT_PA
             hint = (f". You read the last column, which in this row is a pad: the row has {len(p)} real tokens of "
                     f"{idx.shape[1]}, so its last real token is in column {len(p) - 1}"
                     if any(float((got[b] - c[b].log_softmax(-1)).abs().max()) < 1e-4 for c in last_column) else "")
-            want_top, got_top = tokenizer.decode([int(alone.argmax())]), tokenizer.decode([int(got[b].argmax())])
+            want_top, got_top = token_label(tokenizer, alone.argmax()), token_label(tokenizer, got[b].argmax())
             print(f"✗ row {b} 「{text}」: {kl:.3f} nats (KL) from the prompt alone; "
                   + (f"the favourite is the same, {want_top!r}, but the probabilities are not" if want_top == got_top
                      else f"its favourite next token should be {want_top!r}, yours is {got_top!r}") + hint)
@@ -1034,7 +1035,7 @@ def check_kept_share(share, model, tokenizer, draft, prompt: str = "举头望明
         p, bare = (float(probabilities(model(torch.tensor([t]))[0][:, -1], 1.0)[0, x])
                    for t in (ids, tokenizer.encode(prompt)))  # read as a poem's opening, and without the separator
     tol = 4 * math.sqrt(p * (1 - p) / draws) + 1e-9
-    guess = tokenizer.decode([x])
+    guess = token_label(tokenizer, x)
     if abs(got - p) <= tol:
         print(f"✓ kept {got:.3f} of the guesses {guess!r}; p({guess}) = {p:.3f}, within {tol:.3f} (four standard "
               f"errors of a share of {draws:,} draws)")

@@ -200,10 +200,21 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "mkl": torch.backends.mkl.is_available(), "threads": torch.get_num_threads()}
+            "mkl": torch.backends.mkl.is_available(), "threads": torch.get_num_threads(), "load": load()}
+
+
+def load() -> float | None:
+    """Runnable processes over the last minute, on average (``os.getloadavg``), or None where the system does not
+    say (Windows). Near the number of CPUs or above it, other work competes with the timings for the cores."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def describe_machine(info: dict) -> str:
     """One line from :func:`machine`'s dict (and any versions added to it, such as ``transformers``)."""
     line = f"machine: {info['cpu']}, {info['cpus']} CPU(s); torch {info['torch']}, python {info['python']}"
-    return line + (f", transformers {info['transformers']}" if info.get("transformers") else "")
+    line += f", transformers {info['transformers']}" if info.get("transformers") else ""
+    return line + (f"; load {info['load']:g} (processes running or waiting for a CPU, this one included; 1-minute average)"
+                   if info.get("load") is not None else "")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLimitError, check_batch_inputs, check_int, check_model
+from .checks import ContextLimitError, check_batch_inputs, check_int, check_model, check_token_ids
 from .decoding import generate, generate_uncached, pad_prompts
 from .model import GPT
 
@@ -113,6 +113,32 @@ def _margins(logits: torch.Tensor) -> list[float]:
     """Top-1 minus top-2 logit of each row of (n, V) logits."""
     top2 = logits.topk(2, dim=-1).values
     return (top2[:, 0] - top2[:, 1]).tolist()
+
+
+@torch.inference_mode()
+def greedy_agreement(model: GPT, prompt, a, b, atol: float = ATOL) -> str:
+    """How two greedy continuations of ``prompt`` agree when different arithmetic wrote them (a batch and a
+    single row, a verify pass and single steps): "same"; "near-tie", if they part where the model's scores
+    for their two tokens lie within ``atol``, so that rounding may pick either (``verify_cache``'s excuse);
+    else "differ". Token ids as lists or 1-D tensors, the prompt not repeated in ``a`` and ``b``."""
+    check_model(model)
+    vocab = model.config.vocab_size
+    prompt, a, b = (check_token_ids(x, vocab, name) for x, name in ((prompt, "prompt"), (a, "a"), (b, "b")))
+    first = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None:
+        return "same" if len(a) == len(b) else "differ"
+    context = prompt + a[:first]
+    if not 0 < len(context) <= model.config.block_size:
+        raise ContextLimitError(f"the continuations part after {len(context)} tokens, where the model's block holds "
+                                f"{model.config.block_size}: nothing to compare them by")
+    logits = model(torch.tensor([context], device=model.lm_head.weight.device))[0][0, -1]  # (V,)
+    return "near-tie" if abs(float(logits[a[first]] - logits[b[first]])) < atol else "differ"
+
+
+def near_tie_note(n: int, atol: float = ATOL) -> str:
+    """A report's words for ``n`` continuations that :func:`greedy_agreement` found parting at a near-tie."""
+    return (f" ({n} answer{'s' * (n != 1)} parted where the model's two best scores were within {atol:g}, so "
+            f"rounding may pick either: the same up to rounding)") if n else ""
 
 
 def _compare(tokens, logits, ref_tokens, ref_logits, ref_margins, atol) -> dict:

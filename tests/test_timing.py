@@ -104,4 +104,16 @@ def test_every_report_names_the_machine_in_one_line():
     info = machine()
     line = describe_machine(info)
     assert line.startswith(f"machine: {info['cpu']}, {info['cpus']} CPU(s); torch {info['torch']}")
-    assert "transformers" not in line and describe_machine({**info, "transformers": "9.9"}).endswith(", transformers 9.9")
+    quiet = {**info, "load": None}
+    assert "transformers" not in line and describe_machine({**quiet, "transformers": "9.9"}).endswith(", transformers 9.9")
+
+
+def test_the_machine_line_says_how_busy_the_machine_was_where_the_system_tells(monkeypatch):
+    import os
+
+    from kvlib import timing
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 0.5), raising=False)
+    assert timing.load() == 1.5 and "; load 1.5 (processes running" in describe_machine(machine())
+    monkeypatch.delattr(os, "getloadavg")  # as on Windows
+    assert timing.load() is None and "load" not in describe_machine(machine())

@@ -373,3 +373,22 @@ def test_batch_consistency_excuses_a_flip_only_below_the_single_prompt_margin(sh
     assert c["first_divergence"] == 3 and c["divergence_margin"] == pytest.approx(margin, abs=5e-6)
     assert result["max_abs_logit_diff"] <= 1e-4 and not result["tokens_equal"]
     assert c["excused"] is consistent and result["consistent"] is consistent
+
+
+def test_greedy_agreement_excuses_a_parting_only_at_a_near_tie(shipped_char):
+    from kvlib.decoding import generate
+    from kvlib.verify import greedy_agreement
+
+    model, tok = shipped_char
+    prompt = poem_prompt(tok)[0].tolist()
+    a = generate(model, torch.tensor([prompt]), 8, temperature=0.0).new_tokens[0].tolist()
+    with torch.inference_mode():
+        top2 = model(torch.tensor([prompt + a[:3]]))[0][0, -1].topk(2)
+    margin, runner_up = float(top2.values[0] - top2.values[1]), int(top2.indices[1])
+    b = a[:3] + [runner_up] + a[4:]                   # parts at step 3, for the model's second choice
+    assert greedy_agreement(model, prompt, a, a) == "same"
+    assert greedy_agreement(model, torch.tensor(prompt), torch.tensor(a), a[:5]) == "differ"  # one stopped early
+    assert greedy_agreement(model, prompt, a, b, atol=margin * 1.01 + 1e-9) == "near-tie"
+    assert greedy_agreement(model, prompt, a, b, atol=margin / 2) == "differ"
+    with pytest.raises(ValueError, match=r"b\[0\]"):
+        greedy_agreement(model, prompt, a, [10**9])

@@ -219,3 +219,25 @@ def test_settings_that_leave_nothing_to_compare_are_refused(shipped_char, bad, s
     model, tok = shipped_char
     with pytest.raises(ValueError, match=said):
         run_serve_bench(model, tok, ["床前明月光，疑是地上霜。举头望明月，低头思故乡。"], n_requests=2, **bad)
+
+
+def test_answers_that_part_only_at_a_near_tie_count_as_the_same_and_are_counted(shipped_char):
+    from types import SimpleNamespace
+
+    from kvlib.decoding import generate
+    from kvlib.poems import encode_prompt
+    from kvlib.serving import Request
+    from kvlib.tools.serve_bench import token_agreement
+
+    model, tok = shipped_char
+    req = Request(0, encode_prompt(tok, "春风"), 6)
+    ref = generate(model, torch.tensor([req.prompt]), 6, temperature=0.0).new_tokens[0].tolist()
+    with torch.inference_mode():
+        top2 = model(torch.tensor([req.prompt + ref[:2]]))[0][0, -1].topk(2)
+    margin = float(top2.values[0] - top2.values[1])
+    parted = SimpleNamespace(tokens={0: ref[:2] + [int(top2.indices[1])] + ref[3:]})
+    reference = SimpleNamespace(tokens={0: ref})
+    assert token_agreement(model, [req], [reference], reference) == {"same_tokens": True, "near_ties": 0}
+    assert token_agreement(model, [req], [parted], reference, atol=margin / 2) == {"same_tokens": False, "near_ties": 0}
+    assert token_agreement(model, [req], [parted, reference], reference, atol=2 * margin) == {"same_tokens": True,
+                                                                                             "near_ties": 1}

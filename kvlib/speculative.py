@@ -545,7 +545,10 @@ def check_costs(costs, guess_us, gamma: int | None = None) -> None:
 def round_us(costs: dict, guess_us: float, gamma: int) -> float:
     """What one round costs: γ guesses and one verify pass of γ + 1 tokens."""
     check_costs(costs, guess_us, gamma)
-    return gamma * guess_us + costs["verify_us"][min(gamma + 1, max(costs["verify_us"]))]
+    if gamma + 1 not in costs["verify_us"]:
+        raise ValueError(f"costs hold verify passes of {sorted(costs['verify_us'])} tokens, not the {gamma + 1} that "
+                         f"γ = {gamma} needs: measure them (piece_costs) or use a γ up to {max(costs['verify_us']) - 1}")
+    return gamma * guess_us + costs["verify_us"][gamma + 1]
 
 
 def perfect_draft_speedup(costs: dict, guess_us: float, gammas=tuple(range(1, 9))) -> float:

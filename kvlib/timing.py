@@ -6,7 +6,9 @@ the same way: each function gets one warm-up call, then the functions take turns
 round (A B C, A B C, ...), so that a change in the machine's load hits all of them alike. Each
 round's figure is the time per call over a block of calls lasting about ``min_run_time``; a
 :class:`Timing` keeps one figure per round and reports their median and their range. Two timings are compared by
-:func:`verdict`: "faster" or "slower" only when their ranges do not overlap, else "within noise".
+:func:`verdict`: "faster" or "slower" only when their ranges do not overlap over at least three rounds
+each, else "within noise". The order of the turns rotates from round to round (A B C, B C A, ...), so
+that no function always goes first.
 A call that needs fresh state every time (a prefill into an empty cache) is passed as :class:`Prepared`:
 the state is built before each call, untimed.
 """
@@ -24,6 +26,9 @@ from typing import Callable
 import torch
 
 VERDICTS = ("faster", "slower", "within noise")
+MIN_VERDICT_ROUNDS = 3  # fewer rounds a side cannot tell a difference from noise
+MAX_THREADS = 256
+UNITS = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,15 @@ class Timing:
 
     name: str
     rounds: tuple[float, ...]
+
+    def __post_init__(self):
+        rounds = self.rounds
+        if isinstance(rounds, (str, bytes)) or not isinstance(rounds, (tuple, list)) or not rounds:
+            raise ValueError(f"Timing {self.name!r} needs at least one round's seconds per call, got {rounds!r:.60}")
+        for r in rounds:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < float("inf"):
+                raise ValueError(f"Timing {self.name!r}: every round must be a finite number of seconds >= 0, got {r!r}")
+        object.__setattr__(self, "rounds", tuple(float(r) for r in rounds))
 
     @property
     def median(self) -> float:
@@ -47,7 +61,11 @@ class Timing:
 
     def describe(self, unit: str = "ms", per: int = 1) -> str:
         """E.g. ``"12.3 ms (11.9-13.0 over 5 rounds)"``; ``per`` divides by a count (ms per token)."""
-        scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit] / per
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+            raise ValueError(f"per must be an int >= 1 (a count to divide by), got {per!r}")
+        scale = UNITS[unit] / per
         return (f"{self.median * scale:,.1f} {unit} ({self.low * scale:,.1f}-{self.high * scale:,.1f} "
                 f"over {len(self.rounds)} rounds)")
 
@@ -73,7 +91,13 @@ class Prepared:
 
 
 def verdict(a: Timing, b: Timing) -> str:
-    """"faster" if every round of ``a`` beat every round of ``b``, "slower" if the reverse, else "within noise"."""
+    """"faster" if every round of ``a`` beat every round of ``b``, "slower" if the reverse, else "within noise";
+    always "within noise" with fewer than three rounds on a side (one or two figures cannot show a spread)."""
+    for t in (a, b):
+        if not isinstance(t, Timing):
+            raise TypeError(f"verdict compares two Timings, got {type(t).__name__}")
+    if min(len(a.rounds), len(b.rounds)) < MIN_VERDICT_ROUNDS:
+        return "within noise"
     if a.high < b.low:
         return "faster"
     if a.low > b.high:
@@ -91,8 +115,9 @@ def compare(a: Timing, b: Timing, unit: str = "ms", per: int = 1) -> str:
 @contextmanager
 def threads(n: int):
     """Run the block with ``n`` intra-op threads, restoring the count afterwards."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"threads must be an int >= 1, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be an int in [1, {MAX_THREADS}] (this machine has {os.cpu_count()} CPUs), "
+                         f"got {n!r}")
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -108,7 +133,7 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
     Every function is called once, timed but not kept, before the first round (the warm-up); that
     call sizes its block: the number of calls that last about ``min_run_time``, found once (a
     second timed call when the warm-up was too quick to judge). Each round runs every function's
-    block once and keeps its time per call. ``max_seconds`` stops early (after at least three rounds)
+    block once, in an order that rotates from round to round, and keeps its time per call. ``max_seconds`` stops early (after at least three rounds)
     once that much time has passed; ``on_round()`` is called after each.
     """
     _check_settings(fns, rounds, min_run_time, max_seconds, on_round)
@@ -116,9 +141,10 @@ def interleaved(fns: dict, rounds: int = 5, *, n_threads: int = 1, min_run_time:
     with threads(n_threads):
         calls = {name: _calls_per_block(fn, min_run_time) for name, fn in fns.items()}
         start = time.perf_counter()
+        names = list(fns)
         for r in range(rounds):
-            for name, fn in fns.items():
-                figures[name].append(_block(fn, calls[name]))
+            for name in names[r % len(names):] + names[:r % len(names)]:  # round r starts with the r-th
+                figures[name].append(_block(fns[name], calls[name]))
             if on_round is not None:
                 on_round()
             if max_seconds is not None and r + 1 >= 3 and time.perf_counter() - start > max_seconds:
@@ -176,16 +202,24 @@ def _calls_per_block(fn, min_run_time: float) -> int:
     t = _block(fn, 1)
     if t < min_run_time:  # quick, and a first call may carry one-time costs: time a second one
         t = _block(fn, 1)
+    if t <= 0:
+        raise RuntimeError("time.perf_counter did not advance over a call: this clock cannot time it")
     return max(1, min(1_000_000, round(min_run_time / max(t, 1e-9))))
 
 
 def percentile(values, q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values``, linear between the closest ranks."""
-    xs = sorted(values)
+    if isinstance(values, (str, bytes, torch.Tensor)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"values must be a list of numbers, got {type(values).__name__}")
+    xs = list(values)
     if not xs:
         raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q!r}")
+    for x in xs:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or abs(x) == float("inf"):
+            raise ValueError(f"values must be finite numbers, got {x!r}")
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 100:
+        raise ValueError(f"q must be a number in [0, 100], got {q!r}")
+    xs.sort()
     k = (len(xs) - 1) * q / 100
     lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

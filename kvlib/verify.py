@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLimitError, check_batch_inputs, check_int, check_model, check_token_ids
+from .checks import ContextLimitError, check_batch_inputs, check_int, check_model, check_real, check_token_ids
 from .decoding import generate, generate_uncached, pad_prompts
 from .model import GPT
 
@@ -31,6 +31,11 @@ def check_verify_inputs(model, idx, steps) -> None:
 
 ATOL = 1e-4             # for float32 and float64 models
 ROUNDING_STEPS = 4      # a difference this many of the dtype's spacings apart may be rounding alone
+
+
+def check_atol(atol) -> float:
+    """A tolerance on logits: a finite number > 0 (inf would pass anything, 0 or less nothing)."""
+    return check_real("atol", atol, 0.0, open_min=True)
 
 
 @dataclass
@@ -58,7 +63,8 @@ class CacheReport:
     def hint(self) -> str | None:
         """Why a failure may be rounding alone: an atol finer than the model's dtype can tell apart."""
         step = self.rounding_step
-        if self.passed or self.atol >= step or self.max_abs_logit_diff > ROUNDING_STEPS * step:
+        sixteen_bit = self.dtype in ("torch.float16", "torch.bfloat16")  # a float32 copy rounds finer only then
+        if not sixteen_bit or self.passed or self.atol >= step or self.max_abs_logit_diff > ROUNDING_STEPS * step:
             return None
         return (f"the largest difference, {self.max_abs_logit_diff:.3g}, is within {ROUNDING_STEPS} rounding steps of "
                 f"{self.dtype} at these logits (a step is {self.rounding_step:.3g} there), while atol is "
@@ -82,6 +88,7 @@ def verify_cache(model: GPT, idx: torch.Tensor, steps: int, *, decoder=None, ato
     since the causal mask makes position t depend on tokens up to t only.
     """
     check_verify_inputs(model, idx, steps)
+    atol = check_atol(atol)
     P = idx.shape[1]
     cached = []
     result = generate(model, idx, steps, temperature=0.0, logits_hook=_record_logits(cached), decoder=decoder)
@@ -104,8 +111,10 @@ def verify_cache(model: GPT, idx: torch.Tensor, steps: int, *, decoder=None, ato
 
 
 def spacing(x: torch.Tensor) -> float:
-    """The distance between neighbouring values of ``x``'s floating dtype at its largest magnitude."""
-    largest = float(x.abs().max())
+    """The distance between neighbouring values of ``x``'s floating dtype at its largest finite magnitude
+    (0.0 when it holds none but zeros)."""
+    finite = x[x.isfinite()].abs()
+    largest = float(finite.max()) if finite.numel() else 0.0
     return torch.finfo(x.dtype).eps * 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 0.0
 
 
@@ -122,6 +131,7 @@ def greedy_agreement(model: GPT, prompt, a, b, atol: float = ATOL) -> str:
     for their two tokens lie within ``atol``, so that rounding may pick either (``verify_cache``'s excuse);
     else "differ". Token ids as lists or 1-D tensors, the prompt not repeated in ``a`` and ``b``."""
     check_model(model)
+    atol = check_atol(atol)
     vocab = model.config.vocab_size
     prompt, a, b = (check_token_ids(x, vocab, name) for x, name in ((prompt, "prompt"), (a, "a"), (b, "b")))
     first = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -137,6 +147,7 @@ def greedy_agreement(model: GPT, prompt, a, b, atol: float = ATOL) -> str:
 
 def near_tie_note(n: int, atol: float = ATOL) -> str:
     """A report's words for ``n`` continuations that :func:`greedy_agreement` found parting at a near-tie."""
+    check_int("n", n, 0)
     return (f" ({n} answer{'s' * (n != 1)} parted where the model's two best scores were within {atol:g}, so "
             f"rounding may pick either: the same up to rounding)") if n else ""
 
@@ -170,6 +181,7 @@ def check_batch_consistency(model: GPT, prompts: list[list[int]], steps: int, *,
     top-2 logit) at that step is below ``atol``, as in ``verify_cache``: a near-tie rounding can flip.
     """
     check_batch_inputs(model, prompts, steps)
+    atol = check_atol(atol)
     idx, mask = pad_prompts(prompts)
     block = model.config.block_size
 

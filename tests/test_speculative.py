@@ -212,7 +212,8 @@ def test_the_cost_model_prices_a_round_and_finds_the_alpha_a_speed_up_needs():
 
     costs = {"step_us": 100.0, "verify_us": {1: 100.0, 2: 110.0, 3: 120.0, 4: 130.0}}
     assert round_us(costs, guess_us=5.0, gamma=2) == 2 * 5.0 + 120.0
-    assert round_us(costs, guess_us=0.0, gamma=8) == 130.0  # longer passes priced as the longest measured
+    with pytest.raises(ValueError, match="not the 9 that γ = 8 needs"):  # never priced as a shorter pass
+        round_us(costs, guess_us=0.0, gamma=8)
     # a free, always-right draft at γ = 3: 4 tokens for 130 µs against 4 steps of 100 µs
     assert perfect_draft_speedup(costs, 0.0, gammas=(1, 2, 3)) == pytest.approx(400 / 130)
     alpha = alpha_needed(costs, 0.0, 2, speedup=1.3)

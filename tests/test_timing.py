@@ -117,3 +117,60 @@ def test_the_machine_line_says_how_busy_the_machine_was_where_the_system_tells(m
     assert timing.load() == 1.5 and "; load 1.5 (processes running" in describe_machine(machine())
     monkeypatch.delattr(os, "getloadavg")  # as on Windows
     assert timing.load() is None and "load" not in describe_machine(machine())
+
+
+# ---- what a hostile caller can hand the timing tools ----------------------------------------------------------
+
+def test_one_or_two_rounds_never_give_a_verdict():
+    fast, slow = Timing("a", (1.0, 1.0)), Timing("b", (2.0, 2.0))
+    assert verdict(fast, slow) == "within noise" and verdict(Timing("a", (1.0,)), Timing("b", (1.0001,))) == "within noise"
+    assert verdict(Timing("a", (1.0, 1.1, 1.2)), Timing("b", (2.0, 2.1, 2.2))) == "faster"
+
+
+def test_the_turns_rotate_from_round_to_round():
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "ABC"}
+    interleaved(fns, rounds=3, min_run_time=0.0)
+    timed = order[-9:]  # after the warm-ups: one block of one call each, three rounds
+    assert timed == list("ABC") + list("BCA") + list("CAB")
+
+
+@pytest.mark.parametrize("rounds", [(), (float("nan"), 1.0), (-1.0,), (float("inf"),), (True,), "abc"])
+def test_a_timing_refuses_rounds_that_are_no_times(rounds):
+    with pytest.raises(ValueError, match="Timing 'x'"):
+        Timing("x", rounds)
+
+
+def test_describe_names_its_units_and_counts():
+    t = Timing("x", (0.001, 0.002, 0.003))
+    assert t.describe("µs", per=2) == "1,000.0 µs (500.0-1,500.0 over 3 rounds)"
+    with pytest.raises(ValueError, match="unit must be one of s, ms, µs"):
+        t.describe("us")
+    for per in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="per must be an int >= 1"):
+            t.describe("ms", per)
+
+
+@pytest.mark.parametrize("n", [0, 257, 10**6, True, 2.0])
+def test_thread_counts_beyond_reason_are_refused_before_torch_sees_them(n):
+    with pytest.raises(ValueError, match=r"threads must be an int in \[1, 256\]"):
+        with threads(n):
+            pass
+    with pytest.raises(ValueError, match=r"\[1, 256\]"):
+        interleaved({"x": lambda: None}, 3, n_threads=n)
+
+
+@pytest.mark.parametrize("values, q, said", [
+    ([float("nan"), 3, 1, 2], 50, "finite"), ([float("-inf"), float("inf")], 50, "finite"), ([1, 2], True, "q must"),
+    (torch.tensor([1.0, 2.0]), 50, "list of numbers"), ([], 50, "no values"), ([1, 2], 101, "q must")])
+def test_percentile_refuses_what_has_no_percentile(values, q, said):
+    with pytest.raises((TypeError, ValueError), match=said):
+        percentile(values, q)
+
+
+def test_a_clock_that_stands_still_is_refused_instead_of_sizing_a_huge_block(monkeypatch):
+    import kvlib.timing as timing_module
+
+    monkeypatch.setattr(timing_module.time, "perf_counter", lambda: 5.0)
+    with pytest.raises(RuntimeError, match="did not advance"):
+        interleaved({"x": lambda: None}, 3)

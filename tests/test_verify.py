@@ -392,3 +392,29 @@ def test_greedy_agreement_excuses_a_parting_only_at_a_near_tie(shipped_char):
     assert greedy_agreement(model, prompt, a, b, atol=margin / 2) == "differ"
     with pytest.raises(ValueError, match=r"b\[0\]"):
         greedy_agreement(model, prompt, a, [10**9])
+
+
+@pytest.mark.parametrize("atol", [float("nan"), float("inf"), 0.0, -1.0, "1e-4", True])
+def test_a_tolerance_that_cannot_judge_is_refused(model_and_prompt, atol):
+    from kvlib.verify import greedy_agreement
+
+    model, idx = model_and_prompt
+    for call in (lambda: verify_cache(model, idx, 2, atol=atol), lambda: greedy_agreement(model, [1], [2], [3], atol),
+                 lambda: check_batch_consistency(model, [[1, 2], [3]], 2, atol=atol)):
+        with pytest.raises((TypeError, ValueError), match="atol must be a finite number > 0"):
+            call()
+
+
+def test_a_float64_model_is_not_told_to_use_a_coarser_float32_copy(model_and_prompt):
+    import copy
+
+    model, idx = model_and_prompt
+    report = verify_cache(copy.deepcopy(model).double(), idx, 4, atol=1e-17)
+    assert report.hint is None
+
+
+def test_spacing_reads_finite_values_only():
+    from kvlib.verify import spacing
+
+    assert spacing(torch.tensor([float("-inf"), 3.0])) == torch.finfo(torch.float32).eps * 2
+    assert spacing(torch.tensor([float("inf")])) == 0.0 and spacing(torch.zeros(0)) == 0.0

@@ -410,7 +410,8 @@ def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
     fig.legend(handles=ax.get_lines(), loc="outside lower center", ncols=3)
 
     per_token = [s.kv_bytes_per_token(dtype) / 1024 for s in shapes]
-    colors = [BAR_COLOR if s.n_kv_head == s.n_head else HIGHLIGHT_COLOR for s in shapes]
+    # Colours of their own: the legend below gives the left panel's orange and blue another meaning.
+    colors = ["#a6a6a6" if s.n_kv_head == s.n_head else "#5b8c5a" for s in shapes]  # MHA grey, fewer heads green
     y = np.arange(len(shapes))
     ax2.barh(y, per_token, color=colors)
     ax2.set_yticks(y, names)

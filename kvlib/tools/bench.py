@@ -14,9 +14,11 @@ from functools import partial
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..checks import check_int, check_model
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
 from ..timing import describe_machine, interleaved, machine, verdict
+from ..timing import MAX_THREADS
 from ..timing import threads as thread_count
 
 BENCH_EXTRA = "pip install -e .[bench]"
@@ -40,15 +42,26 @@ def recompute_forward(model: GPT):
 
 
 def compare(model: GPT, idx: torch.Tensor, max_new_tokens: int, min_run_time: float = 0.3, threads: int = 1) -> dict:
-    """Greedy cached ``generate`` against the recompute loop on the same prompt, side by side."""
-    uncached_f = recompute_forward(model)
+    """Greedy cached ``generate`` against the recompute loop on the same prompt (1, P), taking turns for three
+    rounds; both write the same ``max_new_tokens``, which must fit the block (the cached loop stops at its end)."""
+    check_model(model)
     block = model.config.block_size
-    cached = median_seconds(lambda: generate(model, idx, max_new_tokens, temperature=0.0), min_run_time, threads)
-    uncached = median_seconds(
-        lambda: generate_uncached(uncached_f, idx, max_new_tokens, block_size=block, temperature=0.0),
-        min_run_time, threads)
-    return {"new_tokens": max_new_tokens, "cached_ms": cached * 1e3, "uncached_ms": uncached * 1e3,
-            "speedup": uncached / cached}
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or not 1 <= idx.shape[1] <= block:
+        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be one prompt of shape (1, P) with 1 <= P <= {block}, got {got}")
+    room = block - idx.shape[1] + 1
+    check_int("max_new_tokens", max_new_tokens, 1, room, f"an int in [1, {room}]: what fits the block after a "
+              f"{idx.shape[1]}-token prompt, so that both loops write the same tokens")
+    uncached_f = recompute_forward(model)
+    t = interleaved({"cached": lambda: generate(model, idx, max_new_tokens, temperature=0.0),
+                     "recompute": lambda: generate_uncached(uncached_f, idx, max_new_tokens, block_size=block,
+                                                            temperature=0.0)},
+                    3, n_threads=threads, min_run_time=min_run_time / 3)
+    cached, uncached = t["cached"], t["recompute"]
+    return {"new_tokens": max_new_tokens, "cached_ms": cached.median * 1e3, "uncached_ms": uncached.median * 1e3,
+            "cached_spread_ms": [cached.low * 1e3, cached.high * 1e3],
+            "uncached_spread_ms": [uncached.low * 1e3, uncached.high * 1e3],
+            "speedup": uncached.median / cached.median, "verdict": verdict(cached, uncached)}
 
 
 class CountOps(TorchDispatchMode):
@@ -143,6 +156,8 @@ def decode_flops(config: GPTConfig, prompt_length: int, new_tokens: int) -> floa
     new token but the last, which is never fed back), 2 x the head for each new token, and attention:
     a position that sees s keys costs 2 s C for q.k and 2 s C for the weighted sum of values, per layer.
     """
+    check_int("prompt_length", prompt_length, 1)
+    check_int("new_tokens", new_tokens, 1)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
     positions = prompt_length + new_tokens - 1
     layers = 2 * 12 * C * C * L * positions          # q, k, v (3C^2), out (C^2), MLP (8C^2)
@@ -227,23 +242,51 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     and number of new tokens the paths are timed in turn, ``rounds`` times (fewer, but at least
     three, once ``max_seconds`` have passed), and each time is the median.
     """
-    from tqdm.auto import tqdm
-
+    threads, new_tokens = _counts("threads", threads, MAX_THREADS), _counts("new_tokens", new_tokens, 10**6)
+    for name, value in (("rounds", rounds), ("prompt_length", prompt_length), ("peak_n", peak_n)):
+        check_int(name, value, 1)
     if model is None:
         model, default_idx, note = bench_model()
         idx = default_idx if idx is None else idx
     else:
+        check_model(model)
         note = "model given by the caller"
         if idx is None:
             idx = torch.randint(model.config.vocab_size, (1, prompt_length),
                                 generator=torch.Generator().manual_seed(0))
-    model.eval()
+    if model.lm_head.weight.dtype != torch.float32:
+        raise ValueError(f"run_bench times float32 models (its matmul peak and the transformers copy are float32), "
+                         f"got {model.lm_head.weight.dtype}: pass a float32 copy (copy.deepcopy(model).float())")
     cfg = model.config
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
+        raise ValueError(f"idx must be one int64 prompt of shape (1, P), got "
+                         f"{tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__}")
     P = idx.shape[1]
-    new_tokens = tuple(int(n) for n in new_tokens)
     if P + max(new_tokens) > cfg.block_size:
         raise ValueError(f"a {P}-token prompt and {max(new_tokens)} new tokens do not fit "
                          f"the block of {cfg.block_size}")
+    training = model.training
+    model.eval()
+    try:
+        return _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds,
+                          peak_n, with_transformers)
+    finally:
+        model.train(training)
+
+
+def _counts(name: str, values, most: int) -> tuple[int, ...]:
+    """A non-empty tuple or list of ints in [1, most]."""
+    if not isinstance(values, (tuple, list)) or not values:
+        raise TypeError(f"{name} must be a non-empty tuple of ints in [1, {most}], got {values!r:.60}")
+    return tuple(check_int(f"{name}[{i}]", v, 1, most) for i, v in enumerate(values))
+
+
+def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds, peak_n,
+               with_transformers) -> dict:
+    """:func:`run_bench`'s work, on checked arguments."""
+    from tqdm.auto import tqdm
+
+    cfg, P = model.config, idx.shape[1]
     hf = to_transformers(model) if with_transformers and transformers_available() else None
     loops = _loops(model, idx, hf)
     paths = [p for p in PATHS if p in loops]

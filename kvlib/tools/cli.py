@@ -347,9 +347,17 @@ def cmd_train(args) -> None:
     print(to_json(metrics))
 
 
+def _written_plainly(text: str, what: str) -> str:
+    """A number as people type it: ASCII digits, no spaces or underscores (which Python's int() and float()
+    would accept: ' 5', '1_000', full-width '５')."""
+    if not text.isascii() or text.strip() != text or "_" in text:
+        raise argparse.ArgumentTypeError(f"expected {what} in plain digits, got {text!r}")
+    return text
+
+
 def _seed(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_written_plainly(text, "a whole number"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if not 0 <= value <= 2**64 - 1:
@@ -360,7 +368,7 @@ def _seed(text: str) -> int:
 def _bounded(kind, low, high, what):
     def parse(text: str):
         try:
-            value = kind(text)
+            value = kind(_written_plainly(text, what))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not low <= value <= high:  # also refuses nan
@@ -373,7 +381,7 @@ def _real(allowed, ok):
     """A parser of a number for which ``ok(value)`` holds (nan fails every comparison), ``allowed`` in words."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = float(_written_plainly(text, "a number"))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not ok(value):

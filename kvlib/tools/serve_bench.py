@@ -73,6 +73,8 @@ def step_flops(config, batch_size: int, context: int) -> int:
     Per row: 2 x the layers' matmul weights (12 C^2 a layer), 2 x the head (V C), and attention over
     ``context + 1`` keys (2 C for q.k and 2 C for the weighted values, per key and layer).
     """
+    check_int("batch_size", batch_size, 1)
+    check_int("context", context, 0)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
     return batch_size * (2 * 12 * C * C * L + 2 * V * C + 4 * C * L * (context + 1))
 
@@ -111,7 +113,10 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
     In the same rounds, the step's weight products alone (:func:`step_products`) at 1 and at
     ``batch_size`` rows: how their cost grows with the rows bounds what a batch step can cost here.
     """
+    check_int("batch_size", batch_size, 2, None, "an int >= 2 (set beside the single row's step)")
     cfg, V = model.config, model.config.vocab_size
+    check_int("context", context, 4, cfg.block_size - 1, f"an int in [4, {cfg.block_size - 1}] (cached tokens a row, "
+              f"with room for the step's own)")
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, V, (context,), generator=gen).tolist() for _ in range(batch_size)]
     new = torch.randint(1, V, (batch_size, 1), generator=gen)
@@ -188,17 +193,22 @@ def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int 
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 2, None, "an int >= 2: with one new token a request "
                                "is all prefill, and there would be no decode passes to compare")
     repeats = check_int("repeats", repeats, 1, None, "an int >= 1 (runs of each way, taking turns)")
+    check_int("batch_size", batch_size, 2, None, "an int >= 2: a static batch, and the batch step set beside one "
+              "row's, need two rows at least")
     with threads(1):  # fastest at this size, and a busy second core makes every step wait
         return _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens,
                        repeats, step_rounds)
 
 
 def runs_in_turns(ways: dict, repeats: int) -> dict[str, list[RunResult]]:
-    """Run every way ``repeats`` times, taking turns (A B C, A B C, ...); every run of each way, in order."""
-    runs: dict[str, list[RunResult]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, run in ways.items():
-            runs[name].append(run())
+    """Run every way ``repeats`` times, taking turns (A B C, B C A, ...: no way always first, as in
+    :func:`kvlib.timing.interleaved`); every run of each way, in order."""
+    check_int("repeats", repeats, 1)
+    names = list(ways)
+    runs: dict[str, list[RunResult]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(ways[name]())
     return runs
 
 
@@ -285,6 +295,7 @@ def expected_share(requests: list, kv_block_size: int) -> float:
     blocks, and only the last block is partly empty; each step of each request counts once. This is
     what paging leaves empty on these lengths, whatever the schedule.
     """
+    check_int("kv_block_size", kv_block_size, 1)
     real = used = 0
     for r in requests:
         for n in range(len(r.prompt) + 1, len(r.prompt) + r.max_new_tokens + 1):

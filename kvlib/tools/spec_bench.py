@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..checks import check_int, check_model
 from ..decoding import generate
 from ..fast import FastDecoder, head_logits
 from ..model import GPT
-from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, expected_tokens_per_round,
+from ..speculative import (Draft, NeuralDraft, NgramDraft, alpha_needed, check_costs, expected_tokens_per_round,
                            perfect_draft_speedup, round_us, speculative_generate)
 from ..poems import encode_prompt
 from ..timing import Timing, describe_machine, interleaved, machine, verdict
@@ -82,6 +83,8 @@ def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
     """``n`` prompts (1, T): the first 2, 5, 7, 12 … characters of validation poems."""
     from .corpus import load_poems, split
 
+    check_int("n", n, 1, 1000)
+
     _, val = split(load_poems())
     return [torch.tensor([encode_prompt(tokenizer, poem[:PROMPT_CHARS[i % len(PROMPT_CHARS)]])])
             for i, poem in enumerate(val[:n])]
@@ -94,7 +97,9 @@ def decode_step(model: GPT, context: int = 40):
     """(decoder, step): a fast-path decoder holding ``context`` tokens (fewer if the block leaves no room
     for a verify pass of 9 after them), and one decode step after them (the cache cut back first, so
     every call does the same work)."""
-    context = min(context, model.config.block_size - 9)
+    _check_bench_model(model)
+    check_int("context", context, 1)
+    context = min(context, model.config.block_size - MAX_VERIFY)
     dec = FastDecoder(model, 1)
     dec(torch.zeros(1, context, dtype=torch.long))
     one = torch.zeros(1, 1, dtype=torch.long)
@@ -184,8 +189,41 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
     notebook); otherwise they are measured after the rounds. Runs with ``threads`` threads (1 is
     fastest at this size; a second thread waiting for a busy core slows every step), restored after.
     """
+    check_model(model)
+    _check_bench_model(model)
+    new_tokens = check_int("new_tokens", new_tokens, 1)
+    check_int("rounds", rounds, 1)
+    if not isinstance(gammas, (tuple, list)) or not gammas:
+        raise TypeError(f"gammas must be a non-empty tuple of ints in [1, {MAX_VERIFY - 1}], got {gammas!r:.60}")
+    gammas = tuple(check_int(f"gammas[{i}]", g, 1, MAX_VERIFY - 1, f"an int in [1, {MAX_VERIFY - 1}]: the cost model "
+                             f"has verify passes of up to {MAX_VERIFY} tokens") for i, g in enumerate(gammas))
+    if drafts is not None and (not isinstance(drafts, dict) or not drafts
+                               or not all(isinstance(d, Draft) for d in drafts.values())):
+        raise TypeError(f"drafts must be a non-empty dict of name -> Draft, got {drafts!r:.80}")
+    if prompts is not None:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise TypeError(f"prompts must be a non-empty list of (1, P) int64 tensors, got {prompts!r:.60}")
+        for i, idx in enumerate(prompts):
+            if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
+                raise TypeError(f"prompts[{i}] must be a (1, P) int64 tensor (as bench_prompts makes), got {idx!r:.60}")
+    if costs is not None:
+        check_costs(costs, 0.0)
+        missing = [name for name in (drafts or {}) if name not in costs.get("guess_us", {})]
+        if missing:
+            raise ValueError(f"costs has no guess cost for draft(s) {missing}: measure them with piece_costs(model, "
+                             f"drafts)")
     with thread_count(threads):
         return _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs)
+
+
+MAX_VERIFY = 9  # piece_costs measures verify passes of 1 … 9 tokens: rounds of up to 8 guesses
+
+
+def _check_bench_model(model: GPT) -> None:
+    """A block with room for a verify pass of MAX_VERIFY tokens after a short context."""
+    if model.config.block_size < 2 * MAX_VERIFY:
+        raise ValueError(f"the speculative bench needs a block of at least {2 * MAX_VERIFY} positions (a verify pass of "
+                         f"{MAX_VERIFY} after a context), got {model.config.block_size}")
 
 
 def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs) -> dict:

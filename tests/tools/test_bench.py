@@ -125,3 +125,32 @@ def test_without_the_shipped_checkpoint_the_bench_uses_random_weights(monkeypatc
     assert model.config == bench.SHIPPED_SHAPE
     assert idx.shape == (1, 16)
     assert "random weights" in note
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(threads=1), "threads must be a non-empty tuple"), (dict(threads=()), "threads must be a non-empty tuple"),
+    (dict(threads=(0,)), r"threads\[0\]"), (dict(threads=(1000,)), r"threads\[0\] .*\[1, 256\]"),
+    (dict(new_tokens=()), "new_tokens must be"), (dict(new_tokens=(2.7,)), r"new_tokens\[0\]"),
+    (dict(new_tokens=(True,)), r"new_tokens\[0\]"), (dict(new_tokens=(0,)), r"new_tokens\[0\]"),
+    (dict(peak_n=0), "peak_n"), (dict(idx=torch.tensor([1, 2])), r"idx must be one int64 prompt")])
+def test_run_bench_refuses_settings_it_cannot_time(kwargs, said):
+    with pytest.raises((TypeError, ValueError), match=said):
+        bench.run_bench(model=tiny_model(), **{**QUICK, **kwargs})
+
+
+def test_run_bench_times_float32_only_and_leaves_the_models_mode_alone():
+    model = tiny_model().train()
+    with pytest.raises(ValueError, match="float32 models .*bfloat16"):
+        bench.run_bench(model=tiny_model().to(torch.bfloat16), **QUICK)
+    bench.run_bench(model=model, with_transformers=False, **QUICK)
+    assert model.training
+
+
+def test_compare_writes_the_same_tokens_both_ways_and_gives_a_verdict():
+    model = tiny_model()
+    idx = torch.tensor([[0, 1, 2]])
+    room = model.config.block_size - 3 + 1
+    out = bench.compare(model, idx, room, min_run_time=0.003)
+    assert out["new_tokens"] == room and out["verdict"] in ("faster", "slower", "within noise")
+    with pytest.raises(ValueError, match=rf"max_new_tokens must be an int in \[1, {room}\]"):
+        bench.compare(model, idx, room + 1)

@@ -368,3 +368,11 @@ def test_a_bad_before_folder_is_a_usage_error_saying_what_it_must_hold(no_runs, 
     assert err.startswith(f"python -m kvlib evaluate: error: --before {tmp_path}: ") and reason in err, err
     assert "an earlier tang-char.pt, its tokenizer file and a MANIFEST.json" in err
     assert "git" not in err  # the user's folder, not data/: nothing to restore with git
+
+
+@pytest.mark.parametrize("value", [" 5", "1_0", "\uff11", "5 "])
+def test_numbers_must_be_written_in_plain_digits(capsys, value):
+    for args in (["generate", "--max-new-tokens", value], ["speculate", "--rounds", value], ["serve", "--rate", value]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2 and "plain digits" in capsys.readouterr().err

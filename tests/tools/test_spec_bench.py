@@ -127,3 +127,30 @@ def test_the_draft_recipe_shares_the_targets_tokenizer(tmp_path, shipped_char):
     draft, tok = load_pretrained("tang-char-draft")  # the shipped draft: in the manifest, the target's ids
     assert draft.config.n_layer == 1 and tok.vocab_size == shipped_char[1].vocab_size == draft.config.vocab_size
     assert load_tokenizer(tmp_path / "out" / "tang-char.tokenizer.json").vocab_size == tok.vocab_size
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(gammas=()), "gammas must be a non-empty"), (dict(gammas=(20,)), r"gammas\[0\] must be an int in \[1, 8\]"),
+    (dict(drafts={}), "drafts must be a non-empty dict"), (dict(prompts=[]), "prompts must be a non-empty"),
+    (dict(prompts=[[0, 5]]), r"prompts\[0\] must be a \(1, P\)"), (dict(new_tokens=0), "new_tokens"),
+    (dict(costs={}), "costs must be a dict"), (dict(rounds=0), "rounds")])
+def test_bad_settings_are_refused_before_anything_is_timed(monkeypatch, kwargs, said):
+    target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 0)
+    monkeypatch.setattr(spec_bench, "_measure", lambda *a: pytest.fail("timed before checking"))
+    settings = dict(drafts={"self": NeuralDraft(target)}, prompts=[torch.tensor([[0, 5]])], with_transformers=False,
+                    progress=False)
+    with pytest.raises((TypeError, ValueError), match=said):
+        spec_bench.run_spec_bench(target, Tok(), **{**settings, **kwargs})
+
+
+def test_a_block_too_small_for_the_verify_passes_is_named():
+    target = seeded(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16), 0)
+    with pytest.raises(ValueError, match="a block of at least 18 positions"):
+        spec_bench.piece_costs(target, {})
+
+
+def test_the_cost_model_refuses_a_round_longer_than_its_measured_passes():
+    costs = {"step_us": 100.0, "verify_us": {1: 100.0, 2: 110.0, 3: 130.0}}
+    assert round_us(costs, 5.0, 2) == 2 * 5.0 + 130.0
+    with pytest.raises(ValueError, match="not the 4 that γ = 3 needs"):
+        round_us(costs, 5.0, 3)

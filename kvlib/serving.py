@@ -89,7 +89,7 @@ class StepRecord:
     retired: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     computed_tokens: int = 0           # tokens that went through the model this step
-    used_positions: int = 0            # block positions held by running sequences
+    used_positions: int = 0            # block positions the pass's sequences held, before any retired
     real_tokens: int = 0               # of which hold a token
     released: dict[int, list[int]] = field(default_factory=dict)  # blocks given back, per sequence
 
@@ -275,6 +275,9 @@ class Engine:
                 seq.state = "running"
             self.running.extend(admitted)
         computed = sum(len(t) for t in new)
+        # What the pass held, read before finished sequences give their blocks back (as a static batch counts
+        # its rows on the step that finishes them).
+        used, stored = self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens()
         now = self.clock.now()
         retired = []
         for seq, token in zip(seqs, logits.argmax(-1).tolist()):
@@ -289,8 +292,7 @@ class Engine:
             self.finished.extend(s for s in self.running if s.state == "finished")
             self.running = [s for s in self.running if s.state == "running"]
         record = StepRecord(kind, now, [s.id for s in self.running], [s.id for s in admitted], retired, preempted,
-                            computed, self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens(),
-                            self._released)
+                            computed, used, stored, self._released)
         self.history.append(record)
         return record
 

@@ -72,10 +72,12 @@ def test_finished_sequences_leave_at_once_and_free_their_blocks(shipped_char, tr
     for r in trace:
         engine.add(r)
     while engine.has_work:
+        held = {i: len(t.token_ids) for i, t in engine.cache.tables.items()}
         rec = engine.step()
-        assert not set(rec.retired) & set(rec.running)
+        assert not set(rec.retired) & set(rec.running) and not set(rec.retired) & set(engine.cache.tables)
         assert len(rec.running) <= engine.max_num_seqs
-        assert sum(engine.cache.tables[i].length for i in rec.running) >= rec.real_tokens
+        if rec.kind == "decode":  # the pass's memory, read before the finished gave theirs back
+            assert rec.real_tokens == sum(held[i] + 1 for i in rec.running + rec.retired) <= rec.used_positions
     assert engine.cache.pool.num_free == 32 and not engine.cache.tables
     assert {s.id for s in engine.finished} == {r.id for r in trace}
 

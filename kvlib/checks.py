@@ -132,8 +132,9 @@ def check_token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
     elif hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a numpy array
         ids = ids.tolist()
         ids = ids if isinstance(ids, list) else [ids]
-    elif isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
-        raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
+    elif isinstance(ids, (str, bytes, dict, set, frozenset)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}"
+                        + (" (a set has no order)" if isinstance(ids, (set, frozenset)) else ""))
     else:
         ids = list(ids)                                                # a tuple, range, generator, ...
     if _plain_ids(ids, vocab_size):

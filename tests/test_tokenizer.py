@@ -196,3 +196,11 @@ def test_unknown_tokenizer_kind_is_a_clear_error(tmp_path):
     path.write_text(json.dumps({"itos": ["\n", "<unk>"]}), encoding="utf-8")
     with pytest.raises(ValueError, match="unknown tokenizer kind"):
         load_tokenizer(path)
+
+
+def test_token_ids_in_a_set_are_refused_for_having_no_order(bpe_tokenizer):
+    from kvlib.tokenizer import decode_complete
+
+    for call in (lambda: bpe_tokenizer.decode({1, 2}), lambda: decode_complete(bpe_tokenizer, frozenset([3]))):
+        with pytest.raises(TypeError, match="a set has no order"):
+            call()

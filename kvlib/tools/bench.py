@@ -100,8 +100,11 @@ def aten_calls_per_step(loop, steps: int = 8) -> float:
 
     The difference between ``steps + 1`` and 1 new tokens, divided by ``steps``: the prefill, the
     set-up and the first token cancel out; sampling and bookkeeping of each step stay in. One
-    uncounted run first builds what is built once per model (the fast path's step weights).
+    uncounted run first builds what is built once per model (the fast path's step weights). The
+    ``steps + 1`` tokens must fit the loop's block: a loop that stops early makes fewer steps than it is
+    divided by.
     """
+    check_int("steps", steps, 1, 10_000)
     with torch.inference_mode():
         loop(1)
     return (aten_calls(lambda: loop(steps + 1)) - aten_calls(lambda: loop(1))) / steps

@@ -251,10 +251,12 @@ def check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise TypeError(f"{name} must have a floating dtype, got {logits.dtype}")
     # A -inf entry (a banned token) is fine, but NaN, +inf, or a row with nothing left to sample
     # cannot be turned into probabilities. One pass finds all three: a row's maximum is NaN if
-    # the row holds a NaN, +inf if it holds +inf, and -inf if every entry is -inf.
-    bad_rows = ~torch.isfinite(logits.amax(dim=-1))                        # (B,)
-    if bad_rows.any():
-        row = int(bad_rows.nonzero()[0, 0])
+    # the row holds a NaN, +inf if it holds +inf, and -inf if every entry is -inf; the lowest and
+    # highest of the rows' maxima show any of them (NaN comes out of both). Two calls: this runs
+    # on every step of a decoder.
+    maxima = logits.amax(dim=-1)                                           # (B,)
+    if maxima.numel() and not all(map(math.isfinite, maxima.aminmax())):
+        row = int((~torch.isfinite(maxima)).nonzero()[0, 0])
         raise ValueError(f"{name} row {row} cannot be sampled: it contains NaN or +inf, or every "
                          f"entry is -inf; allowed are finite values and -inf for banned tokens")
     return logits

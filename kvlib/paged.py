@@ -524,35 +524,34 @@ class PagedBatch:
         self.cache, self.sids, self.new_tokens = cache, sids, new_tokens
         self._advanced = False
         b, tables = cache.kv_block_size, [cache.tables[s] for s in sids]
-        # This runs before every decode step. Python only gathers each row's tokens and blocks into flat
-        # arrays (a tensor over an array.array is made without a copy; torch.tensor of a list costs a third
-        # of a µs an item), and a few whole-batch tensor operations lay them out.
+        # This runs before every decode step, so it stays in Python's arrays: each row's tokens, slots and
+        # positions are appended to flat arrays, and tensors are made over them without a copy (a tensor
+        # op on a small tensor costs more than the Python that replaces it; torch.tensor of a list costs
+        # a third of a µs an item).
         n_new = [len(t) for t in new_tokens]
         totals = [table.length + n for table, n in zip(tables, n_new)]       # tokens after this pass
         B, T, S = len(sids), max(n_new), max(totals)
         self.length, self.max_len = S - T, S  # GPT.forward: positions start at length, S keys in all
-        nb = ceil_div(S, b)                                                    # blocks of the longest row
-        idx, blocks = array("q"), array("q")
-        for table, total, tokens in zip(tables, totals, new_tokens):
-            idx.extend(repeat(0, T - len(tokens)))
+        idx, slots, positions, rows, cols, writes = (array("q") for _ in range(6))
+        for r, (table, total, tokens) in enumerate(zip(tables, totals, new_tokens)):
+            n = len(tokens)
+            idx.extend(repeat(0, T - n))
             idx.extend(tokens)
-            used = table.blocks[:ceil_div(total, b)]
-            blocks.extend(used)
-            blocks.extend(repeat(used[0], nb - len(used)))                    # never read: past the row's end
+            slots.extend(repeat(table.blocks[0] * b, S - total))              # padding reads the row's first slot
+            for i, bid in enumerate(table.blocks[:ceil_div(total, b)]):
+                slots.extend(range(bid * b, bid * b + min(b, total - i * b)))
+            writes.extend(slots[len(slots) - n:])                              # the new tokens' slots: its last n
+            positions.extend(max(p, 0) for p in range(total - T, total))     # padding columns at 0
+            rows.extend(repeat(r, n))
+            cols.extend(range(T - n, T))
         self.idx = _longs(idx, B, T)                                           # (B, T), left-padded
-        col = torch.arange(S) - _longs(array("q", [S - t for t in totals]), B, 1)  # (B, S): position, < 0 padding
-        slots = (_longs(blocks, B, nb, 1) * b + torch.arange(b)).view(B, nb * b)   # (B, nb * b): its blocks' slots
-        self.read_slots = slots.gather(1, col.clamp(min=0))                    # (B, S); padding reads slot 0 of the row
+        self.read_slots = _longs(slots, B, S)                                  # (B, S): each row's keys, right-aligned
         self._read = self.read_slots.view(B * S)                               # (B * S,) for index_select
-        self.position_ids = col[:, S - T:].clamp(min=0)                        # (B, T)
-        self.key_mask = None if min(totals) == S else col >= 0                 # (B, S) or None
-        if T == 1:                                                             # a decode step: every row has one
-            self.write_rows, self.write_cols = torch.arange(B), torch.zeros(B, dtype=torch.long)
-            self.write_slots = self.read_slots[:, -1].contiguous()
-        else:                                                                  # row r's new tokens: its last n_r
-            new = torch.arange(T) >= _longs(array("q", [T - n for n in n_new]), B, 1)  # (B, T)
-            self.write_rows, self.write_cols = new.nonzero().unbind(1)         # (N,) each, row by row
-            self.write_slots = self.read_slots[:, S - T:][new]                 # (N,)
+        self.position_ids = _longs(positions, B, T)                            # (B, T)
+        self.key_mask = None if min(totals) == S else torch.frombuffer(        # (B, S) or None: False on padding
+            bytearray(b"".join(bytes(S - t) + b"\x01" * t for t in totals)), dtype=torch.bool).view(B, S)
+        N = len(writes)                                                        # the real new tokens, row by row
+        self.write_rows, self.write_cols, self.write_slots = _longs(rows, N), _longs(cols, N), _longs(writes, N)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store the new keys (B, H, T, D) in their slots; return every row's keys so far (B, H, S, D).

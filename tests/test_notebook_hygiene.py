@@ -283,3 +283,14 @@ def test_a_notebook_that_times_names_the_machine(notebook):
     assert re.search(r"^machine: .+ CPU\(s\); torch ", printed, re.M), (
         f"{notebook.name} times something (cells {timing_cells}) but prints no 'machine: ' line "
         "(kvlib.timing.describe_machine)")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_text_a_notebook_translates_has_its_english(notebook):
+    """A saved run shows the English of every poem it prints with ``english()``: none lacks a translation."""
+    from kvlib.notebook.english import NO_ENGLISH
+
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    printed = "".join("".join(out.get("text", "")) for cell in cells for out in cell.get("outputs", []))
+    assert NO_ENGLISH not in printed, (f"{notebook.name} printed a text without a stored translation: add it to "
+                                       "kvlib.notebook.english.TRANSLATIONS (keyed to the exact text)")

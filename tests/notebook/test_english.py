@@ -1,0 +1,40 @@
+"""English beside the Chinese: translations only for the exact text they translate, glosses per character."""
+import pytest
+
+from kvlib.notebook.english import GLOSSES, NO_ENGLISH, TRANSLATIONS, english, glossed
+from kvlib.tokenizer import is_ideograph
+
+
+def test_a_stored_text_gets_its_translation_and_any_other_text_says_none_is_stored():
+    text, translation = next(iter(TRANSLATIONS.items()))
+    assert english(text) == translation
+    assert english(text + "。") == NO_ENGLISH          # one character more: another text
+    assert english(text[:-1]) == NO_ENGLISH
+    assert english("") == NO_ENGLISH
+
+
+def test_every_translation_is_chinese_text_to_english():
+    for text, translation in TRANSLATIONS.items():
+        assert sum(map(is_ideograph, text)) >= 10, text
+        assert translation and not any(map(is_ideograph, translation)), text
+        assert translation == translation.strip() and "  " not in translation, text
+
+
+def test_glosses_name_each_character_and_leave_unknown_ones_alone():
+    assert glossed("流长") == f"流 {GLOSSES['流']} · 长 {GLOSSES['长']}"
+    assert glossed(iter(["流", "龘"])) == f"流 {GLOSSES['流']} · 龘"
+    assert glossed("") == ""
+    assert all(len(ch) == 1 and gloss and not any(map(is_ideograph, gloss)) for ch, gloss in GLOSSES.items())
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"\xe6\xb5\x81", ["流"]])
+def test_english_refuses_what_is_not_text(bad):
+    with pytest.raises(TypeError, match="text must be a str"):
+        english(bad)
+
+
+@pytest.mark.parametrize("bad, message", [(["流长"], "one-character strs"), ([7], "one-character strs"),
+                                          (5, "got int"), (b"ab", "got bytes"), ("\ud800", "not valid Unicode")])
+def test_glossed_refuses_what_is_not_characters(bad, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        glossed(bad)

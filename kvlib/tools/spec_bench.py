@@ -115,7 +115,10 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     """µs of one fast-path decode step, one verify pass of T = 2 … 9 tokens, the head's matrix product
     alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
     (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``; a guess
-    also in decode steps, round by round, under ``"guess_steps_spread"`` (low, high; it may start below 0).
+    also in decode steps, round by round, under ``"guess_steps_spread"`` (low, high). A guess is the
+    difference of two timings (γ = 2 minus γ = 1), floored at 0: one too quick to tell from noise is 0.
+    ``"verify_per_token_vs_step"`` holds, for T = 2 … 9, the verdict of a verify pass's cost per token
+    against the decode step, taken over the rounds (:func:`kvlib.timing.verdict`).
 
     A verify pass of one token is the decode step itself: ``verify_us[1]`` is the step's figure, not a
     second measurement of the same computation. The cost model divides these by ``step_us``: costs in
@@ -150,8 +153,8 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
               for k, v in t.items()}
 
     def guess_steps(name):  # one guess in decode steps, round by round: (low, high)
-        per_round = [(a - b) / c for a, b, c in zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds,
-                                                   t["step"].rounds)]
+        per_round = [max(a - b, 0.0) / c for a, b, c in zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds,
+                                                           t["step"].rounds)]
         return min(per_round), max(per_round)
 
     return {"step_us": us("step"),
@@ -159,6 +162,8 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
             "head_us": {T: us(("head", T)) for T in range(1, 10)},
             "guess_us": {name: max(us(("guess", name, 2)) - us(("guess", name, 1)), 0.0) for name in drafts},
             "guess_steps_spread": {name: guess_steps(name) for name in drafts},
+            "verify_per_token_vs_step": {T: verdict(Timing(f"verify {T}, per token", tuple(x / T for x in t["verify", T].rounds)),
+                                                    t["step"]) for T in range(2, 10)},
             "rounds": rounds, "spread": spread}
 
 

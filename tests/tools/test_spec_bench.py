@@ -6,7 +6,7 @@ import torch
 
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import NeuralDraft, NgramDraft, round_us
-from kvlib.timing import VERDICTS
+from kvlib.timing import VERDICTS, Timing
 from kvlib.tools import spec_bench
 from kvlib.verify import chi_square_homogeneity, total_variation
 from kvlib.tools.cli import build_parser
@@ -53,10 +53,12 @@ def test_report_structure_and_text():
         if res["alpha_needed"] is not None:
             assert 0 < res["alpha_needed"] <= 1 and res["alpha_needed_gamma"] in (1, 2, 3)
     assert report["better_vs_next"] in ("faster", "slower", "within noise")
-    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "guess_steps_spread", "rounds",
-                                    "spread"}
+    assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "guess_steps_spread",
+                                    "verify_per_token_vs_step", "rounds", "spread"}
     for name, (lo, hi) in report["costs"]["guess_steps_spread"].items():
-        assert lo <= hi, name
+        assert 0 <= lo <= hi, name  # a difference of two timings, never shown below 0
+    verdicts = report["costs"]["verify_per_token_vs_step"]
+    assert list(verdicts) == list(range(2, 10)) and set(verdicts.values()) <= {"faster", "slower", "within noise"}
     lo, hi = report["costs"]["spread"]["step"]
     assert lo <= report["costs"]["step_us"] <= hi and "verify/9" in report["costs"]["spread"]
     assert len(report["costs"]["verify_us"]) == len(report["costs"]["head_us"]) == 9
@@ -154,3 +156,30 @@ def test_the_cost_model_refuses_a_round_longer_than_its_measured_passes():
     assert round_us(costs, 5.0, 2) == 2 * 5.0 + 130.0
     with pytest.raises(ValueError, match="not the 4 that γ = 3 needs"):
         round_us(costs, 5.0, 3)
+
+
+def test_piece_costs_verdicts_come_from_the_rounds_and_a_guess_is_never_below_zero(monkeypatch):
+    """With made-up rounds (no clock): verify passes of T tokens at 1.5x a step are cheaper per token in every
+    round, so "faster"; a guess whose γ = 2 ran quicker than its γ = 1 (noise) counts as 0, not less."""
+    target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 0)
+    drafts = {"n-gram": NgramDraft.from_ids(torch.arange(64).repeat(4), 64)}
+
+    def fake(fns, rounds, **_):
+        step = (1.0, 1.1, 0.9)
+        out = {}
+        for key in fns:
+            if key == "step":
+                out[key] = Timing("step", step)
+            elif key[0] == "verify":
+                out[key] = Timing("v", tuple(1.5 * s for s in step))
+            elif key[0] == "head":
+                out[key] = Timing("h", (0.1, 0.1, 0.1))
+            else:  # a guess: γ = 2 quicker than γ = 1 in the first round
+                out[key] = Timing("g", (0.01, 0.03, 0.03) if key[2] == 2 else (0.02, 0.02, 0.02))
+        return out
+
+    monkeypatch.setattr(spec_bench, "interleaved", fake)
+    costs = spec_bench.piece_costs(target, drafts, context=8, rounds=3)
+    assert costs["verify_per_token_vs_step"] == {T: "faster" for T in range(2, 10)}
+    lo, hi = costs["guess_steps_spread"]["n-gram"]
+    assert lo == 0.0 and hi == pytest.approx(0.01 / 0.9)

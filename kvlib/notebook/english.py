@@ -159,6 +159,70 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "Four fields of right and wrong, left to companions; I send a poem, come to see a hungry egret live. "
         "Not for flowing water to reach the river; I once grieved, and did not speak of old things... (cut "
         "off: 48 tokens)",
+    "床前明月光，一夜一灯明。":
+        "Before my bed, the bright moonlight; one night, one lamp alight.",
+    "大漠孤烟直，高低万里行。风吹寒草色，风卷古松声。":
+        "In the vast desert a lone smoke rises straight; high and low, a journey of ten thousand li. The wind "
+        "blows the colour of cold grass; the wind rolls the sound of old pines.",
+    "人工智能好，不识不知音。":
+        "Artificial intelligence is good; it knows no one, knows no friend who knows its tune.",
+    "床前明月光中色，窗里红花眼中草。翠微烟暖花前色，不得和香满城里。":
+        "Before my bed, the bright moonlight, colour in its midst; red flowers at the window, grass within "
+        "the eye. Green haze, warm mist, the colour before the flowers; I cannot bring their scent to fill "
+        "the town. (The prompt's five-character line has grown to seven.)",
+    "大漠孤烟直欲飞，暮峰危突隔层层。白云犹有沾衣泽，红树空余向郭门。":
+        "In the vast desert a lone smoke rises straight, as if to fly; the evening peaks jut steeply, layer "
+        "beyond layer. The white clouds still hold dew to wet a robe; the red trees, left in vain, face the "
+        "city gate. (The prompt's line has grown to seven characters.)",
+    "人工智能好，世代名字绝。世上无此书，真知僧形现。":
+        "Artificial intelligence is good; through the generations its name is cut off. In the world there is "
+        "no such book; true knowledge appears in a monk's form.",
+    "白日依山尽，黄河入海流。欲穷千里外，不见一峰前。\n一径青青树，千峰白石桥。人间无事事，不"
+    "是有人知。\n一径青苔上，千峰白石头。\n一径青苔上，千峰白石中。\n一径云":
+        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "li: not one peak ahead. / A path of green, green trees; a thousand peaks, a white stone bridge. "
+        "Among men there is nothing to do; it is not that anyone knows. / A path up the green moss; a "
+        "thousand peaks, white stone. / A path up the green moss; a thousand peaks, amid white stone. / A "
+        "path, cloud... (cut off)",
+    "白日依山尽，黄河入海流。欲穷千里外，不见一峰前。\n一径青青树，千峰白石桥。人间无事事，不"
+    "是有人知。\n一径青苔上":
+        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "li: not one peak ahead. / A path of green, green trees; a thousand peaks, a white stone bridge. "
+        "Among men there is nothing to do; it is not that anyone knows. / A path up the green moss... (cut "
+        "off)",
+    "白日依山尽，黄河入海流。欲穷千里，不见一枝生。\n一夜江城月，千山万里天。\n一夜江南月，千"
+    "山万里天。\n一夜江南月":
+        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see a thousand li "
+        "(four characters where the line needs five); not one branch grows. / One night, the moon over the "
+        "river town; a thousand hills, ten thousand li of sky. / One night, the moon south of the river; a "
+        "thousand hills, ten thousand li of sky. / One night, the moon south of the river... (cut off)",
+    "白日依山尽，黄河入海流。欲穷千里外，不见月明月明月明月明月明月明月，不见五更无事，不见天"
+    "涯。\n一叶，一枝枝。\n":
+        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "li, not seeing moon bright moon bright moon bright... (moon, bright, over and over in one overlong "
+        "line); not seeing the fifth watch, nothing to do; not seeing the sky's edge. / One leaf; branch on "
+        "branch.",
+    "春风吹柳柳，春色满池塘。\n春色春风起，春光满眼前。\n":
+        "The spring wind blows the willows, willows; spring colour fills the pond. / Spring colour, the "
+        "spring wind rises; spring light fills the eyes.",
+    "白日依山尽，青山出树多。\n一径青青树，千峰白石桥。\n一径春风":
+        "The bright sun sets behind the hills; the green hills bring out many trees. / A path of green, green "
+        "trees; a thousand peaks, a white stone bridge. / A path, the spring wind... (cut off)",
+    "床前看月光，疑是地上霜。\n一夜一夜夜，一夜一灯明。\n一夜一夜月，一夜一灯":
+        "Before my bed I see the moonlight; I take it for frost upon the ground. / One night, one night, "
+        "night; one night, one lamp bright. / One night, one night, moon; one night, one lamp... (cut off)",
+    "床前明月光，疑是地上霜。自笑身虽薄，谁怜酒亦醒。":
+        "Before my bed, the bright moonlight; I take it for frost upon the ground. I laugh at myself, slight "
+        "as I am; who pities me, sober even after wine?",
+    "床前明月光，疑是地上霜。晓入云无路，寒侵日尽天。":
+        "Before my bed, the bright moonlight; I take it for frost upon the ground. At dawn I enter the clouds "
+        "and find no road; the cold creeps in where the day ends in the sky.",
+    "床前明月光，疑是地上霜。老病犹忧病，衰羸不觉愁。":
+        "Before my bed, the bright moonlight; I take it for frost upon the ground. Old and ill, I still fear "
+        "illness; frail and thin, I do not feel my sorrow.",
+    "床前明月光，疑是地上霜。玉女不相问，朱颜更可亲。":
+        "Before my bed, the bright moonlight; I take it for frost upon the ground. The jade maiden asks "
+        "nothing of me; her rosy face is all the dearer.",
 }
 
 

@@ -157,13 +157,15 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
                                                            t["step"].rounds)]
         return min(per_round), max(per_round)
 
+    def per_token(T):  # a verify pass of T tokens, per token, round by round
+        return Timing(f"verify {T}, per token", tuple(x / T for x in t["verify", T].rounds))
+
     return {"step_us": us("step"),
             "verify_us": {T: us(("verify", T)) for T in range(1, 10)},
             "head_us": {T: us(("head", T)) for T in range(1, 10)},
             "guess_us": {name: max(us(("guess", name, 2)) - us(("guess", name, 1)), 0.0) for name in drafts},
             "guess_steps_spread": {name: guess_steps(name) for name in drafts},
-            "verify_per_token_vs_step": {T: verdict(Timing(f"verify {T}, per token", tuple(x / T for x in t["verify", T].rounds)),
-                                                    t["step"]) for T in range(2, 10)},
+            "verify_per_token_vs_step": {T: verdict(per_token(T), t["step"]) for T in range(2, 10)},
             "rounds": rounds, "spread": spread}
 
 

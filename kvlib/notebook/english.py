@@ -41,7 +41,8 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
     "壑，巴潦湿旧滋。电胆不唾岿，鱼鳞任濯缨。砺兵驱不得，锦帐驻还还。飞皙羽觞发，雄胡":
         "Beyond the newly added words, sea frost opens, towering. Bamboo shadows gather on the mat; words of "
         "wind soften and wound the heart. I would raise the common folk; I gather fish from a dried pond... "
-        "(and on for fifteen more lines, many of them words without sense, the last one cut off)",
+        "(and on for sixteen more lines, many of them words without sense, the last cut off after two "
+        "characters)",
     "岳岳凉风汲，江山惠宴焚。何须朝僧去，为见六仙亲。霁色凝天外，春声似月中。":
         "Peak on peak, the cool wind draws water; rivers and hills, a feast of favour burns. Why must I go to "
         "the monk at dawn? To see the six immortals close. The colour after rain hardens beyond the sky; the "
@@ -60,17 +61,17 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
     "琴鹤恋云骚客静，客敲姥赍迈恩痕，将稽法饵比灵藩。笋帏晓蝶犯萧铮，金翠轻抽护巷遮。展褐缀纹"
     "当聒咳，漉添澄浊六钱凫。嘉槎苞拌忘轻卑，几菰瑇仕各矫浙观呼众凫，康径痎林人已辀。":
         "Not sentences any more: 'peak, fair, cool, splendour, word, neighbouring temple; Min prefecture, "
-        "herd, duck, nest, inlay...', then on through rare characters, lines of five, seven and more.",
+        "herd, duck, nest, inlay...', then on through rare characters, lines of five, six, seven and more.",
     "春风归荇蔓，晚雨出郊梅。阔客悲惊雁，轻舟恋岳鱼。芦洲":
         "The spring wind returns to the floating-heart vines; evening rain brings out the plum trees of the "
-        "outskirts. The far traveller grieves at the startled geese; the light boat longs for the fish of the "
-        "mountain lake. The reed isle... (cut off: 24 new tokens)",
+        "outskirts. The far traveller grieves at the startled geese; the light boat longs for the mountain "
+        "fish. The reed isle... (cut off: 24 new tokens)",
     "春风归尽景沈沈，湖气洗情深寄稀。一蝉一雁暮，万里一山":
         "The spring wind has all gone home, the scene sinks deep; the lake's air washes the heart, deep, and "
         "letters are few. One cicada, one goose, at dusk; ten thousand li, one mountain... (cut off: 24 new "
         "tokens)",
     "春风筝瑟怨经冬，岳色衫情自有情。":
-        "The spring wind: kite strings and zither lament the winter gone by; the mountains' colour, the "
+        "The spring wind: the zheng and se zithers lament the winter gone by; the mountains' colour, the "
         "feeling of a robe, a feeling all its own.",
     "春风结二宫。鸳鸯闲日暮食蒙，谁知明春归路东。":
         "The spring wind ties the two palaces together. Mandarin ducks idle at the end of the day, feeding in "
@@ -102,7 +103,7 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
     "琴。金苍骚客未为客，却闻栖径雨声将。法双工钵侵宵笋，禅子苔恩护柄金。锦骥护身交缇展，缀鼇"
     "当口跪金漉。澄巡六十凫扈，海暖烟清陁殿爰几方君步祀，浙观冰枯潋醑康。谷林人众芙蓉":
         "Not sentences any more: 'peak, fair, cool, splendour, word, neighbouring temple; Min prefecture, "
-        "herd, mandarin-duck nest...', then on through rare characters, lines of five, seven and more.",
+        "herd, mandarin-duck nest...', then on through rare characters, lines of five, six, seven and more.",
     "床前明月光，一夜一灯明。\n一夜一夜夜，一夜一灯明。\n一夜一夜月，一夜一夜明。\n一夜一夜月"
     "，一夜一夜明。\n一夜一夜夜，一夜一声声。\n一夜一夜月，一夜一夜明。\n一夜一夜月，一夜一夜"
     "明。\n一夜一夜月，一夜一夜长。\n一":
@@ -127,7 +128,7 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "spring like mist. I cannot bear it: someone cut off beyond the eastern hills; I feel the west wind "
         "is right for seeing a guest off.",
     "学士安承命，无文设汉家。止醪犹忆酒，境地亦怜僧。":
-        "The scholar calmly takes his orders; without letters he serves the house of Han. Giving up the wine "
+        "The scholar calmly takes his orders; without letters he sets up the house of Han. Giving up the wine "
         "he still remembers drinking; in this place he pities the monk too.",
     "中山岳色添秋水，凉露浓荷带夕泉。共爱东山终始到，自缘西海两何为。":
         "At Zhongshan the mountains' colour deepens the autumn water; cool dew, thick lotus, the evening "
@@ -141,7 +142,7 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "At Zhongshan the mountains' colour deepens; high birds, the cool wind blows. In a life one often "
         "sets out as a traveller; wife and children come looking too.",
     "床前看月光，中有岳色添。\n闻":
-        "Before my bed I watch the moonlight; in it, the mountains' colour deepens. / I hear... (cut off: 8 "
+        "Before my bed I look at the moonlight; in it, the mountains' colour deepens. / I hear... (cut off: 8 "
         "steps)",
     "春风落尽柳枝高，今日春风一夜凉。今日独游西上客，今年不见楚山水。":
         "The spring wind has blown everything down, the willow branches high; today's spring wind, one cool "
@@ -149,20 +150,20 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "Chu.",
     "白日依山尽，新春去路长。山阴临树暗，水影入楼斜。风竹藏新垒，霜榆绕远沙。此时知几日，何处"
     "泪痕痕。":
-        "The bright sun sets behind the hills; new spring, the road ahead is long. North of the hills, by the "
+        "The white sun sinks behind the hills; new spring, the road ahead is long. North of the hills, by the "
         "trees, it is dark; the water's reflection slants into the tower. Windblown bamboo hides new "
         "ramparts; frosted elms ring the far sands. Who knows, at this hour, how many days; where are the "
         "traces of tears, traces?",
     "床前看月光，疑是地上霜。":
-        "Before my bed I see the moonlight; I take it for frost upon the ground.",
+        "Before my bed I look at the moonlight; I take it for frost upon the ground.",
     "四顷是非遗委伴，寄诗来见饥鹭生。不为流水到江上，曾愁不言旧事":
         "Four fields of right and wrong, left to companions; I send a poem, come to see a hungry egret live. "
         "Not for flowing water to reach the river; I once grieved, and did not speak of old things... (cut "
         "off: 48 tokens)",
     "床前明月光，一夜一灯明。":
-        "Before my bed, the bright moonlight; one night, one lamp alight.",
+        "Before my bed, the bright moonlight; one night, one lamp bright.",
     "大漠孤烟直，高低万里行。风吹寒草色，风卷古松声。":
-        "In the vast desert a lone smoke rises straight; high and low, a journey of ten thousand li. The wind "
+        "In the vast desert a lone smoke rises straight; high and low, ten thousand li of road. The wind "
         "blows the colour of cold grass; the wind rolls the sound of old pines.",
     "人工智能好，不识不知音。":
         "Artificial intelligence is good; it knows no one, knows no friend who knows its tune.",
@@ -173,32 +174,32 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
     "大漠孤烟直欲飞，暮峰危突隔层层。白云犹有沾衣泽，红树空余向郭门。":
         "In the vast desert a lone smoke rises straight, as if to fly; the evening peaks jut steeply, layer "
         "beyond layer. The white clouds still hold dew to wet a robe; the red trees, left in vain, face the "
-        "city gate. (The prompt's line has grown to seven characters.)",
+        "city gate. (The prompt's five-character line has grown to seven.)",
     "人工智能好，世代名字绝。世上无此书，真知僧形现。":
         "Artificial intelligence is good; through the generations its name is cut off. In the world there is "
         "no such book; true knowledge appears in a monk's form.",
     "白日依山尽，黄河入海流。欲穷千里外，不见一峰前。\n一径青青树，千峰白石桥。人间无事事，不"
     "是有人知。\n一径青苔上，千峰白石头。\n一径青苔上，千峰白石中。\n一径云":
-        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "The white sun sinks behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
         "li: not one peak ahead. / A path of green, green trees; a thousand peaks, a white stone bridge. "
         "Among men there is nothing to do; it is not that anyone knows. / A path up the green moss; a "
         "thousand peaks, white stone. / A path up the green moss; a thousand peaks, amid white stone. / A "
         "path, cloud... (cut off)",
     "白日依山尽，黄河入海流。欲穷千里外，不见一峰前。\n一径青青树，千峰白石桥。人间无事事，不"
     "是有人知。\n一径青苔上":
-        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "The white sun sinks behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
         "li: not one peak ahead. / A path of green, green trees; a thousand peaks, a white stone bridge. "
         "Among men there is nothing to do; it is not that anyone knows. / A path up the green moss... (cut "
         "off)",
     "白日依山尽，黄河入海流。欲穷千里，不见一枝生。\n一夜江城月，千山万里天。\n一夜江南月，千"
     "山万里天。\n一夜江南月":
-        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see a thousand li "
+        "The white sun sinks behind the hills; the Yellow River flows into the sea. To see a thousand li "
         "(four characters where the line needs five); not one branch grows. / One night, the moon over the "
         "river town; a thousand hills, ten thousand li of sky. / One night, the moon south of the river; a "
         "thousand hills, ten thousand li of sky. / One night, the moon south of the river... (cut off)",
     "白日依山尽，黄河入海流。欲穷千里外，不见月明月明月明月明月明月明月，不见五更无事，不见天"
     "涯。\n一叶，一枝枝。\n":
-        "The bright sun sets behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
+        "The white sun sinks behind the hills; the Yellow River flows into the sea. To see beyond a thousand "
         "li, not seeing moon bright moon bright moon bright... (moon, bright, over and over in one overlong "
         "line); not seeing the fifth watch, nothing to do; not seeing the sky's edge. / One leaf; branch on "
         "branch.",
@@ -206,10 +207,10 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "The spring wind blows the willows, willows; spring colour fills the pond. / Spring colour, the "
         "spring wind rises; spring light fills the eyes.",
     "白日依山尽，青山出树多。\n一径青青树，千峰白石桥。\n一径春风":
-        "The bright sun sets behind the hills; the green hills bring out many trees. / A path of green, green "
+        "The white sun sinks behind the hills; the green hills bring out many trees. / A path of green, green "
         "trees; a thousand peaks, a white stone bridge. / A path, the spring wind... (cut off)",
     "床前看月光，疑是地上霜。\n一夜一夜夜，一夜一灯明。\n一夜一夜月，一夜一灯":
-        "Before my bed I see the moonlight; I take it for frost upon the ground. / One night, one night, "
+        "Before my bed I look at the moonlight; I take it for frost upon the ground. / One night, one night, "
         "night; one night, one lamp bright. / One night, one night, moon; one night, one lamp... (cut off)",
     "床前明月光，疑是地上霜。自笑身虽薄，谁怜酒亦醒。":
         "Before my bed, the bright moonlight; I take it for frost upon the ground. I laugh at myself, slight "
@@ -221,8 +222,12 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "Before my bed, the bright moonlight; I take it for frost upon the ground. Old and ill, I still fear "
         "illness; frail and thin, I do not feel my sorrow.",
     "床前明月光，疑是地上霜。玉女不相问，朱颜更可亲。":
-        "Before my bed, the bright moonlight; I take it for frost upon the ground. The jade maiden asks "
-        "nothing of me; her rosy face is all the dearer.",
+        "Before my bed, the bright moonlight; I take it for frost upon the ground. The jade maiden does not "
+        "ask after me; her rosy face is all the dearer.",
+    "白日依山尽，黄河向水流。":
+        "The white sun sinks behind the hills; the Yellow River flows toward the water.",
+    "春眠不觉晓，春睡不知":
+        "Asleep in spring, I miss the dawn; sleeping in spring, not knowing... (cut off: 4 new tokens)",
 }
 
 

@@ -228,6 +228,12 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "The white sun sinks behind the hills; the Yellow River flows toward the water.",
     "春眠不觉晓，春睡不知":
         "Asleep in spring, I miss the dawn; sleeping in spring, not knowing... (cut off: 4 new tokens)",
+    "不知何处是长":
+        "not knowing where is the long... (cut off: 6 tokens)",
+    "不知。\n一别":
+        "not knowing. / Once parted... (cut off: 6 tokens)",
+    "不知何处人。":
+        "not knowing where one is from.",
 }
 
 

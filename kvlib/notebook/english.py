@@ -234,6 +234,11 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "not knowing. / Once parted... (cut off: 6 tokens)",
     "不知何处人。":
         "not knowing where one is from.",
+    "春风景色伤春绿，几处离亭杜若丝。 春风送客月明时，舞袖轻梳皎镜台。 无事闲眠耳夜深，残灯白玉一回":
+        "The spring wind's scenery grieves at spring's green; at how many parting pavilions, threads of "
+        "fragrant pollia. / The spring wind sees a guest off when the moon is bright; dancing sleeves comb "
+        "lightly before the shining mirror stand. / Nothing to do, I sleep idly as the night grows deep; a "
+        "guttering lamp, white jade, once... (cut off)",
 }
 
 

@@ -15,6 +15,7 @@ from ..decoding import cache_decoder, generate
 from ..poems import encode_prompt, no_unk
 from ..tokenizer import UnknownCharacterError, decode_complete
 from ..tools.shrink_bench import check_table, converted, settings
+from .english import TRANSLATIONS
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
 
 
@@ -79,7 +80,10 @@ class ShrinkView:
     def _refresh(self) -> None:
         try:
             numbers, poem = self.text().split("\n", 1)
+            english = TRANSLATIONS.get(poem)  # shown where one is stored for exactly this text
             self.output.value = (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>{html.escape(numbers)}</p>"
-                                 f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>「{html.escape(poem)}」</p>")
+                                 f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>「{html.escape(poem)}」</p>"
+                                 + (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>→ {html.escape(english)}</p>"
+                                    if english else ""))
         except Exception as err:  # shown in place of the answer
             self.output.value = message_html(error_message(err))

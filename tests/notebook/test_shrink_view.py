@@ -49,3 +49,15 @@ def test_bad_settings_are_refused(char):
         ShrinkView(model, tok, table(), prompt="hello")
     with pytest.raises(ValueError, match="model must be the model the table was measured on"):
         ShrinkView(model, tok, table(config=GPTConfig(vocab_size=7184, n_kv_head=2)))
+
+
+def test_the_poem_has_its_english_only_where_one_is_stored_for_exactly_it(char, monkeypatch):
+    from kvlib.notebook import shrink_view
+
+    model, tok = char
+    view = ShrinkView(model, tok, table(), n_chars=12)
+    poem = view.text().split("\n")[1]
+    assert "→" not in view.output.value                                    # nothing stored for this poem
+    monkeypatch.setitem(shrink_view.TRANSLATIONS, poem, "Spring wind & <test>")
+    view._refresh()
+    assert "→ Spring wind &amp; &lt;test&gt;" in view.output.value           # escaped, under the poem

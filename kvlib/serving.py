@@ -1,7 +1,7 @@
 """Serving many users: requests over time, a continuous-batching engine on the paged cache, and baselines.
 
 Reading order: ``Request`` (who asks what, when; ``kvlib.tools.traces`` draws them from the corpus) -> ``Clock`` (time that skips
-idle waits) -> ``Engine`` (the scheduler: admit, decode everyone in one forward, retire, preempt)
+idle waits; ``StepClock`` counts steps instead) -> ``Engine`` (the scheduler: admit, decode everyone in one forward, retire, preempt)
 -> ``run_continuous``, ``run_one_at_a_time`` and ``run_static_batching`` (the same trace three
 ways, each returning a :class:`RunResult`) -> ``parallel_sample`` (n continuations sharing blocks).
 
@@ -51,6 +51,26 @@ class Clock:
 
     def wait_until(self, t: float) -> None:
         self.skipped += max(0.0, t - self.now())
+
+
+class StepClock:
+    """Time counted in steps, the same on every machine: ``now()`` moves only by ``tick()`` and ``wait_until``.
+
+    Arrivals are then in steps too. Pass ``on_step=lambda engine, record: clock.tick()`` to
+    :func:`run_continuous` (or tick after each ``Engine.step()``) so that one step is one unit of time.
+    """
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def tick(self) -> None:
+        self.t += 1
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
 
 
 @dataclass

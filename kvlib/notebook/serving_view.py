@@ -11,7 +11,7 @@ import html
 from ..checks import check_bool, check_int, check_model
 from ..model import GPT
 from ..paged import ceil_div
-from ..serving import Engine, Request, StepRecord, check_requests
+from ..serving import Engine, Request, StepClock, StepRecord, check_requests
 from .show import FONT, LiveWidget, display, error_message, frame, message_html, row, step_buttons
 
 STATE_COLORS = {
@@ -24,19 +24,6 @@ STATE_COLORS = {
     "free": "#f6f6f6",
 }
 COLUMNS, CELL_W, CELL_H = 8, 72, 46  # the grid is 576 px wide where there is room, and shrinks where there is not
-
-
-class StepClock:
-    """The engine's clock in steps: ``now()`` is the number of steps taken (arrivals are in steps too)."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
 
 
 def block_states(engine: Engine, record: StepRecord | None) -> list[tuple[str, str]]:
@@ -154,7 +141,7 @@ class ServingView:
     def _step_engine(self) -> None:
         if self.engine.has_work:
             self.record = self.engine.step()
-            self.engine.clock.t += 1
+            self.engine.clock.tick()
 
     def reset(self) -> None:
         try:

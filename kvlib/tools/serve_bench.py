@@ -20,7 +20,7 @@ from ..decoding import pad_prompts
 from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from ..serving import RunResult, run_continuous, run_one_at_a_time, run_static_batching
+from ..serving import RunResult, StepClock, run_continuous, run_one_at_a_time, run_static_batching
 from ..timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import peak_matmul_flops
@@ -280,7 +280,7 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
                   "last_arrival_s": trace[-1].arrival},
         "settings": {"static_batch_size": batch_size, "kv_block_size": KV_BLOCK_SIZE, "num_blocks": num_blocks,
                      "kv_positions": num_blocks * KV_BLOCK_SIZE, "max_num_seqs": max_num_seqs, "repeats": repeats},
-        "memory_share_bound": {b: expected_share(trace, b) for b in (KV_BLOCK_SIZE, SMALL_BLOCK)},
+        "memory_share_from_lengths": {b: expected_share(trace, b) for b in (KV_BLOCK_SIZE, SMALL_BLOCK)},
         "runs": summary, **agreement, "verdicts": verdicts, "ttft_verdicts": ttft_verdicts, "pace": pace,
         "passes": passes,
         "decode_step": step, "targets": targets,
@@ -291,17 +291,19 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
 def expected_share(requests: list, kv_block_size: int) -> float:
     """The share of a paged cache's positions that hold a token, over every request's decode steps.
 
-    After its prefill a request holds n = P + 1 … P + A tokens (prompt P, answer A) in ceil(n / b)
-    blocks, and only the last block is partly empty; each step of each request counts once. This is
-    what paging leaves empty on these lengths, whatever the schedule.
+    A decode step feeds a request its latest token, so the cache then holds n = P + 1 … P + A - 1
+    tokens (prompt P, answer A; the last token chosen is never fed back) in ceil(n / b) blocks, and
+    only the last block is partly empty; each step of each request counts once. This is the share
+    every schedule gets on these lengths without preemption (a preempted request's recompute turns one
+    of its decode steps into a prefill, so a run with preemptions counts a few steps fewer).
     """
     check_int("kv_block_size", kv_block_size, 1)
     real = used = 0
     for r in requests:
-        for n in range(len(r.prompt) + 1, len(r.prompt) + r.max_new_tokens + 1):
+        for n in range(len(r.prompt) + 1, len(r.prompt) + r.max_new_tokens):
             real += n
             used += ceil_div(n, kv_block_size) * kv_block_size
-    return real / used
+    return real / used if used else 1.0
 
 
 def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_BLOCK_SIZE,
@@ -311,10 +313,17 @@ def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_B
     Counts only: what the saving is worth in time is :func:`prefill_ms`'s, timed in interleaved rounds.
 
     The pool holds ``kv_positions`` positions (as many blocks of ``kv_block_size`` as fit), whatever the block size.
+    Arrivals count in steps (a :class:`~kvlib.serving.StepClock`), so which requests share a prefill, and
+    so what each finds in the pool, is the same on every machine.
     """
     num_blocks = max(kv_positions // kv_block_size, ceil_div(model.config.block_size, kv_block_size))
-    off = run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size)
-    on = run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size, enable_prefix_caching=True)
+
+    def serve(**options):
+        clock = StepClock()
+        return run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size, clock=clock,
+                              on_step=lambda engine, record: clock.tick(), **options)
+
+    off, on = serve(), serve(enable_prefix_caching=True)
     return {"requests": len(requests), "kv_block_size": kv_block_size,
             "prompt_tokens": sum(len(r.prompt) for r in requests),
             "prefill_tokens_without": off.prefill_tokens, "prefill_tokens_with": on.prefill_tokens,
@@ -409,9 +418,9 @@ def format_report(report: dict) -> str:
                      f"{100 * r['decode_busy_share']:.0f}%) x {f['row_cost']:.2f} (a row costs {r['decode_row_us']:.0f} µs "
                      f"in passes of {r['decode_rows_per_pass']:.1f} rows, {cont['decode_row_us']:.0f} µs in passes of "
                      f"{cont['decode_rows_per_pass']:.1f})")
-    bound = report["memory_share_bound"]
-    lines.append("KV share that paging leaves on these lengths (each request's last block partly empty): "
-                 + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in bound.items()))
+    expected = report["memory_share_from_lengths"]
+    lines.append("KV share every schedule gets on these lengths without preemption (each request's last block "
+                 "partly empty): " + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in expected.items()))
     d = report["decode_step"]
     lines.append(f"one decode step at about {d['context']} cached tokens a row, medians of {d['rounds']} interleaved "
                  f"rounds; floor = FLOPs at this machine's peak matmul speed ({d['peak_matmul_gflops']:.0f} GFLOP/s); "

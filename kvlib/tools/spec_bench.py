@@ -15,6 +15,8 @@ It also builds the corpus n-gram draft. (The statistics of notebook 8's sampling
 """
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import torch
 
@@ -90,6 +92,15 @@ def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
             for i, poem in enumerate(val[:n])]
 
 
+def bench_context(prompts, new_tokens: int) -> int:
+    """The mean number of cached tokens while the prompts are decoded: each prompt's length plus half of
+    the new tokens, averaged. The pieces are timed after this many tokens, as the runs they model."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError(f"prompts must be a non-empty list of (1, P) int64 tensors, got {prompts!r:.60}")
+    new_tokens = check_int("new_tokens", new_tokens, 1)
+    return max(1, round(sum(p.shape[-1] for p in prompts) / len(prompts) + (new_tokens - 1) / 2))
+
+
 # ---- costs of the pieces --------------------------------------------------------------------------
 
 @torch.inference_mode()
@@ -116,7 +127,8 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
     (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``; a guess
     also in decode steps, round by round, under ``"guess_steps_spread"`` (low, high). A guess is the
-    difference of two timings (γ = 2 minus γ = 1), floored at 0: one too quick to tell from noise is 0.
+    difference of two timings of the same round (γ = 2 minus γ = 1), floored at 0 (one too quick to tell
+    from noise is 0); its figure is the median of those differences.
     ``"verify_per_token_vs_step"`` holds, for T = 2 … 9, the verdict of a verify pass's cost per token
     against the decode step, taken over the rounds (:func:`kvlib.timing.verdict`).
 
@@ -152,9 +164,12 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     spread = {str(k if isinstance(k, str) else "/".join(map(str, k))): (1e6 * v.low, 1e6 * v.high)
               for k, v in t.items()}
 
-    def guess_steps(name):  # one guess in decode steps, round by round: (low, high)
-        per_round = [max(a - b, 0.0) / c for a, b, c in zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds,
-                                                           t["step"].rounds)]
+    def guess(name):  # one more guess, round by round: (µs, in decode steps of the same round)
+        return [(max(a - b, 0.0), max(a - b, 0.0) / c) for a, b, c in
+                zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds, t["step"].rounds)]
+
+    def guess_steps(name):  # (low, high) over the rounds
+        per_round = [steps for _, steps in guess(name)]
         return min(per_round), max(per_round)
 
     def per_token(T):  # a verify pass of T tokens, per token, round by round
@@ -163,10 +178,10 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     return {"step_us": us("step"),
             "verify_us": {T: us(("verify", T)) for T in range(1, 10)},
             "head_us": {T: us(("head", T)) for T in range(1, 10)},
-            "guess_us": {name: max(us(("guess", name, 2)) - us(("guess", name, 1)), 0.0) for name in drafts},
+            "guess_us": {name: 1e6 * statistics.median(g for g, _ in guess(name)) for name in drafts},
             "guess_steps_spread": {name: guess_steps(name) for name in drafts},
             "verify_per_token_vs_step": {T: verdict(per_token(T), t["step"]) for T in range(2, 10)},
-            "rounds": rounds, "spread": spread}
+            "rounds": rounds, "context": context, "spread": spread}
 
 
 # ---- the cost model -------------------------------------------------------------------------------
@@ -274,15 +289,17 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
 
     # One decode step takes its turn in the same rounds: plain greedy's time per token is a step plus the
     # loop around it, and the cost model below is scaled to this run's step.
-    fns = {"plain": plain_greedy, "step": decode_step(model)[1], **{key: spec_timed(key) for key in keys}}
+    context = bench_context(prompts, new_tokens)
+    fns = {"plain": plain_greedy, "step": decode_step(model, context)[1], **{key: spec_timed(key) for key in keys}}
     bar = tqdm(total=rounds * len(fns), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
     timed = interleaved(fns, rounds, min_run_time=0.05, on_round=lambda: bar.update(len(fns)))
     bar.close()
     per_token = {key: Timing(str(key), tuple(x / total for x in timed[key].rounds)) for key in ["plain"] + keys}
     plain_us, step = 1e6 * per_token["plain"].median, timed["step"]
     if costs is None:
-        costs = piece_costs(model, drafts)
+        costs = piece_costs(model, drafts, context)
     scale = 1e6 * step.median / costs["step_us"]  # the pieces' costs, in this run's decode steps
+    step_rounds = [1e6 * x / costs["step_us"] for x in step.rounds]  # the same, round by round
 
     report_drafts = {}
     for name in drafts:
@@ -292,10 +309,14 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
             us = 1e6 * t.median
             s = stats[name, g]
             # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
-            model_us = scale * round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
+            in_steps = round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
+            modelled = Timing(f"model {name} {g}", tuple(1e-6 * k * in_steps for k in step_rounds))
+            against_model = verdict(t, modelled)  # the measured time per token against the model's, round by round
             per_gamma.append({"gamma": g, **s, "us_per_token": us, "low_us": 1e6 * t.low, "high_us": 1e6 * t.high,
                               "speedup": plain_us / us, "verdict": verdict(t, per_token["plain"]),
-                              "modelled_us_per_token": model_us, **same[name, g]})
+                              "modelled_us_per_token": scale * in_steps,
+                              "vs_model": {"faster": "below", "slower": "above"}.get(against_model, against_model),
+                              **same[name, g]})
         best = min(per_gamma, key=lambda r: r["us_per_token"])
         guess = costs["guess_us"][name]
         # Over every γ, as the perfect draft's ceiling: the smallest α that reaches the target, and its γ.
@@ -321,7 +342,7 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
         "model": {"n_layer": model.config.n_layer, "parameters": model.num_params()},
         "drafts": {name: _describe(d) for name, d in drafts.items()},
         "prompts": [tokenizer.decode(p[0, 1:].tolist()) for p in prompts],
-        "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas),
+        "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas), "context": context,
         "plain_us_per_token": plain_us,
         "plain_spread_us": (1e6 * per_token["plain"].low, 1e6 * per_token["plain"].high),
         "step_us": 1e6 * step.median, "step_spread_us": (1e6 * step.low, 1e6 * step.high),
@@ -404,8 +425,10 @@ def format_report(report: dict) -> str:
              ""]
     c = report["costs"]
     step = c["step_us"]
-    lines.append(f"costs, in decode steps of their own {c['rounds']} interleaved rounds (the model column multiplies "
-                 f"them by this run's step): verify pass of T tokens: "
+    at = f"after {c['context']} cached tokens" if "context" in c else "at a context not recorded"
+    lines.append(f"costs {at} (the runs' mean: {report['context']}), in decode steps of "
+                 f"their own {c['rounds']} interleaved rounds (the model column multiplies them by this run's step; "
+                 f"'vs model' compares the rounds' times with the model's, round by round): verify pass of T tokens: "
                  + ", ".join(f"T={T} {us / step:.2f}" for T, us in c["verify_us"].items()))
     lines.append("       the head's product alone over T rows, in one-row products: "
                  + ", ".join(f"T={T} {us / c['head_us'][1]:.1f}" for T, us in c["head_us"].items()))
@@ -413,10 +436,11 @@ def format_report(report: dict) -> str:
     for name, res in report["results"].items():
         lines += ["", f"draft: {name} {report['drafts'][name]}",
                   f"  {'γ':>2s} {'α':>6s} {'tok/call':>8s} {'formula':>8s} {'µs/tok':>7s} {'model':>7s} "
-                  f"{'speed-up':>8s} {'verdict':>12s} same tokens"]
+                  f"{'vs model':>12s} {'speed-up':>8s} {'verdict':>12s} same tokens"]
         for r in res["rows"]:
             lines.append(f"  {r['gamma']:2d} {r['alpha']:6.3f} {r['tokens_per_call']:8.2f} {r['formula']:8.2f} "
-                         f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['speedup']:7.2f}x "
+                         f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['vs_model']:>12s} "
+                         f"{r['speedup']:7.2f}x "
                          f"{r['verdict']:>12s} {r['same_tokens']}" + (f" ({r['near_ties']} near-tie)" if r["near_ties"] else ""))
         need = res["alpha_needed"]
         goal = (f"{report['target_speedup']}x is out of reach at every γ, even at α = 1" if need is None else

@@ -31,8 +31,8 @@ def test_the_report_has_every_figure_for_every_way(report):
     assert report["same_tokens"] is True
     assert report["settings"]["num_blocks"] * report["settings"]["kv_block_size"] == 2 * 128
     assert report["settings"]["repeats"] == 2
-    bound = report["memory_share_bound"]
-    assert set(bound) == {16, 8} and 0 < bound[16] < bound[8] <= 1  # smaller blocks leave less empty
+    expected = report["memory_share_from_lengths"]
+    assert set(expected) == {16, 8} and 0 < expected[16] < expected[8] <= 1  # smaller blocks leave less empty
     assert set(report["targets"]) == set(TARGETS)
     assert set(report["verdicts"].values()) <= {"faster", "slower", "within noise"}
     assert set(report["ttft_verdicts"]) == set(report["verdicts"])  # time to first token, each run's mean compared
@@ -168,13 +168,27 @@ def test_prefix_reports_count_what_the_cache_saves(shipped_char):
     reqs = [Request(i, encode_prompt(tok, "床前明月光，疑是地上霜。" + c), 3, 0.05 * i) for i, c in enumerate("举低望")]
     r = prefix_cache_report(model, reqs, kv_block_size=4)
     assert r["same_tokens"] and r["prefill_tokens_without"] == r["prompt_tokens"] == 42
-    assert r["prefix_hit_tokens"] > 0 and r["prefill_tokens_with"] < r["prefill_tokens_without"]
+    # Arrivals count in steps: the first prompt is prefilled alone at step 0 and fills three blocks of 4;
+    # the other two arrive by step 1 and find those 12 tokens each, on every machine.
+    assert r["prefix_hit_tokens"] == 2 * 12 and r["prefill_tokens_with"] == 42 - 24
     assert prefix_cache_report(model, reqs)["prefix_hit_tokens"] == 0  # 14-token prompts: no full block of 16
     shared = encode_prompt(tok, "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。")  # 25 tokens
     p = prefill_ms(model, shared, [encode_prompt(tok, "春"), encode_prompt(tok, "秋")], repeats=1)
     assert p["computed_without"] == 27 and p["computed_with"] == 27 - 16 and p["ms_with"] > 0
     with pytest.raises(ValueError, match="suffixes"):
         prefill_ms(model, shared, [[1]])
+
+
+def test_without_preemption_the_engine_holds_the_share_the_lengths_give(shipped_char):
+    from kvlib.serving import Request, run_continuous
+    from kvlib.tools.serve_bench import expected_share
+
+    model, _ = shipped_char
+    reqs = [Request(i, list(range(5, 5 + p)), a, 0.0) for i, (p, a) in enumerate([(3, 9), (7, 5), (12, 14)])]
+    for block in (1, 4, 16):
+        run = run_continuous(model, reqs, 2 * 128 // block, kv_block_size=block)
+        assert run.preemptions == 0
+        assert run.memory_share == pytest.approx(expected_share(reqs, block))
 
 
 def test_runs_take_turns_and_the_median_run_is_reported():
@@ -195,9 +209,10 @@ def test_runs_take_turns_and_the_median_run_is_reported():
     assert [r.makespan for r in every["a"]] == [3.0, 1.0, 2.0]
     assert median_run(every["a"]).makespan == 2.0 and median_run(every["b"]).makespan == 5.0
     assert median_run(every["a"][:2]).makespan == 1.0  # the lower middle of an even count
-    r = SimpleNamespace(prompt=[0] * 3, max_new_tokens=2)  # holds 4, then 5 tokens
+    r = SimpleNamespace(prompt=[0] * 3, max_new_tokens=3)  # decode steps hold 4, then 5 tokens (the 3rd is never fed)
     assert expected_share([r], 4) == pytest.approx(9 / 12)
     assert expected_share([r], 1) == 1.0
+    assert expected_share([SimpleNamespace(prompt=[0] * 3, max_new_tokens=1)], 4) == 1.0  # no decode step at all
 
 
 def test_the_decode_pace_ratio_splits_into_busy_rows_and_a_rows_cost(report):

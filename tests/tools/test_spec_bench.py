@@ -47,6 +47,7 @@ def test_report_structure_and_text():
             assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
             assert r["low_us"] <= r["us_per_token"] <= r["high_us"]
             assert r["verdict"] in ("faster", "slower", "within noise")
+            assert r["vs_model"] in ("below", "above", "within noise")
     for name, res in report["results"].items():  # the α needed and the ceiling are both taken over every γ
         assert (res["alpha_needed"] is None) == (res["perfect_draft_speedup"] < report["target_speedup"]), name
         assert (res["alpha_needed_gamma"] is None) == (res["alpha_needed"] is None)
@@ -54,7 +55,8 @@ def test_report_structure_and_text():
             assert 0 < res["alpha_needed"] <= 1 and res["alpha_needed_gamma"] in (1, 2, 3)
     assert report["better_vs_next"] in ("faster", "slower", "within noise")
     assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "guess_steps_spread",
-                                    "verify_per_token_vs_step", "rounds", "spread"}
+                                    "verify_per_token_vs_step", "rounds", "context", "spread"}
+    assert report["context"] == report["costs"]["context"] == spec_bench.bench_context(prompts, 12) == 8  # 2.5 + 5.5
     for name, (lo, hi) in report["costs"]["guess_steps_spread"].items():
         assert 0 <= lo <= hi, name  # a difference of two timings, never shown below 0
     verdicts = report["costs"]["verify_per_token_vs_step"]
@@ -79,7 +81,8 @@ def test_given_costs_are_used_not_measured_again(monkeypatch):
     # A verify pass of one token is the decode step: one figure for one computation, not two that drift apart.
     assert costs["verify_us"][1] == costs["step_us"] and costs["spread"]["verify/1"] == costs["spread"]["step"]
     text = spec_bench.format_report(report)
-    assert "costs, in decode steps of their own 1 interleaved rounds" in text and "T=1 1.00" in text
+    assert "costs after 8 cached tokens (the runs' mean: 4), in decode steps of their own 1 interleaved rounds" in text
+    assert "T=1 1.00" in text
     assert text.count("one decode step in the same rounds") == 1  # the step's time is printed once
     # The pieces are scaled to the decode step timed in the run's own rounds, beside plain greedy.
     row, scale = report["results"]["n-gram"]["rows"][0], report["step_us"] / costs["step_us"]
@@ -174,12 +177,23 @@ def test_piece_costs_verdicts_come_from_the_rounds_and_a_guess_is_never_below_ze
                 out[key] = Timing("v", tuple(1.5 * s for s in step))
             elif key[0] == "head":
                 out[key] = Timing("h", (0.1, 0.1, 0.1))
-            else:  # a guess: γ = 2 quicker than γ = 1 in the first round
-                out[key] = Timing("g", (0.01, 0.03, 0.03) if key[2] == 2 else (0.02, 0.02, 0.02))
+            else:  # a guess: γ = 2 quicker than γ = 1 in the first and last rounds
+                out[key] = Timing("g", (0.01, 0.05, 0.03) if key[2] == 2 else (0.02, 0.02, 0.04))
         return out
 
     monkeypatch.setattr(spec_bench, "interleaved", fake)
     costs = spec_bench.piece_costs(target, drafts, context=8, rounds=3)
     assert costs["verify_per_token_vs_step"] == {T: "faster" for T in range(2, 10)}
     lo, hi = costs["guess_steps_spread"]["n-gram"]
-    assert lo == 0.0 and hi == pytest.approx(0.01 / 0.9)
+    assert lo == 0.0 and hi == pytest.approx(0.03 / 1.1)
+    # The median of the rounds' differences (0, 0.03, 0), not the difference of the medians (0.03 - 0.02).
+    assert costs["guess_us"]["n-gram"] == 0.0
+
+
+def test_the_pieces_are_timed_at_the_runs_mean_context():
+    prompts = [torch.tensor([[0] * 3]), torch.tensor([[0] * 8])]
+    assert spec_bench.bench_context(prompts, 1) == 6 and spec_bench.bench_context(prompts, 33) == 22
+    with pytest.raises(TypeError, match="prompts must be a non-empty list"):
+        spec_bench.bench_context([], 4)
+    with pytest.raises(ValueError, match="new_tokens"):
+        spec_bench.bench_context(prompts, 0)

@@ -22,6 +22,10 @@ GLOSSES = {  # a character's commonest sense in these poems
     "河": "river", "云": "cloud", "声": "sound", "心": "heart", "归": "return", "去": "go", "青": "green",
     "思": "long for", "入": "enter", "海": "sea", "远": "far", "寒": "cold", "是": "is", "地": "ground", "上": "on; up",
     "头": "head", "望": "gaze", "低": "lower", "故": "old; former", "乡": "home", "。": "full stop", "，": "comma",
+    "知": "know", "处": "place", "相": "each other", "独": "alone", "在": "be at", "异": "strange", "客": "guest; stranger",
+    "为": "be; for", "安": "peace", "别": "part from", "片": "piece; a stretch of",
+    "自": "self; from", "今": "now", "玉": "jade", "未": "not yet", "高": "high", "此": "this", "欲": "wish to",
+    "谁": "who",
 }
 
 TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) -> English

@@ -3,8 +3,9 @@
 Each round is one line: the draft's guesses, green where the target kept them, struck through in
 red for the first one it rejected and in grey for those after it (never judged), then the target's
 own token, orange when it corrects a guess and blue when it is the bonus after γ kept guesses.
-Above the rounds: the text so far and the running acceptance rate α. ``step_button.click()`` works
-without a browser.
+Above the rounds: the text so far, its English (the translation stored for exactly that text, else the
+glosses of the new characters that have one) and the running acceptance rate α. ``step_button.click()``
+works without a browser.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..checks import check_int, check_multi_head, check_pair
 from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
 from ..tokenizer import decode_complete, token_label
+from .english import GLOSSES, TRANSLATIONS, glossed
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, display, error_message, frame,
                    html_label, in_row, message_html, row, show_refusals, slider, step_buttons, too_long_message)
 
@@ -43,6 +45,17 @@ def round_html(tokenizer, r: Round, number: int) -> str:
     return (f'<div style="font-family:sans-serif;{FONT};margin:2px 0;overflow-wrap:anywhere">'
             f'<span style="display:inline-block;min-width:5.5em;color:#777">round {number}</span>{"".join(parts)} '
             f'<span style="color:#666;{FONT};white-space:nowrap">{verdict}</span></div>')
+
+
+def english_html(text: str, new: str) -> str:
+    """The English of ``text``: its stored translation, else glosses of the characters of ``new`` that have one."""
+    if text in TRANSLATIONS:
+        return f'<div style="{FONT};margin:0 0 4px">→ {html.escape(TRANSLATIONS[text])}</div>'
+    known = [ch for ch in dict.fromkeys(new) if ch in GLOSSES and ch.isalpha()]  # characters, not punctuation
+    if not known:
+        return ""
+    return (f'<div style="{FONT};margin:0 0 4px;color:#555">new characters with a gloss: '
+            f'{html.escape(glossed(known))}</div>')
 
 
 def legend_html() -> str:
@@ -167,6 +180,7 @@ class SpeculativeView:
             f'<div style="color:#666;{FONT}">press Round to let the draft guess</div>'
         return (f'<div style="font-family:sans-serif;{FONT};max-width:100%;overflow-wrap:anywhere">'
                 f'<div style="font-size:20px;margin:4px 0"><span style="color:#777">{prompt}</span>{new}</div>'
+                f'{english_html(decode_complete(tok, d.tokens[1:]), decode_complete(tok, d.tokens[d.prompt_length:]))}'
                 f'<div style="{FONT};margin-bottom:4px">draft <b>{html.escape(self.draft_menu.value)}</b>, '
                 f"γ = {d.gamma}: {html.escape(self.summary())}{done}</div>{legend_html()}{rounds}</div>")
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..checks import check_int, check_model
+from ..checks import check_int, check_model, check_real
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
-from ..timing import describe_machine, interleaved, machine, verdict
+from ..timing import Timing, describe_machine, interleaved, machine, verdict
 from ..timing import MAX_THREADS
 from ..timing import threads as thread_count
 
@@ -155,26 +156,63 @@ def transformers_generate(hf, idx: torch.Tensor, max_new_tokens: int) -> torch.T
 def decode_flops(config: GPTConfig, prompt_length: int, new_tokens: int) -> float:
     """Floating-point operations to generate ``new_tokens`` after the prompt, per new token.
 
-    2 x the matmul parameters for every position that goes through the layers (the prompt and every
-    new token but the last, which is never fed back), 2 x the head for each new token, and attention:
-    a position that sees s keys costs 2 s C for q.k and 2 s C for the weighted sum of values, per layer.
+    One prefill of the prompt (the head on its last position only), then a decode step for every new
+    token but the last, which is never fed back: :func:`forward_flops` of each.
     """
     check_int("prompt_length", prompt_length, 1)
     check_int("new_tokens", new_tokens, 1)
+    total = forward_flops(config, prompt_length, 0, head_rows=1)
+    total += sum(forward_flops(config, 1, prompt_length + i) for i in range(new_tokens - 1))
+    return total / new_tokens
+
+
+def forward_flops(config: GPTConfig, new_tokens: int, cached: int = 0, head_rows: int | None = None) -> int:
+    """Floating-point operations of one forward of ``new_tokens`` after ``cached`` tokens of one sequence.
+
+    Per new token: 2 x the layers' matmul weights (12 C^2 a layer) and attention over the keys it sees
+    (``cached`` + its own position + 1; 2 C for q.k and 2 C for the weighted values, per key and layer);
+    then 2 V C for each of ``head_rows`` rows of the head (all new tokens unless fewer are asked for, as the
+    recompute loop's ``last_only`` asks for one). Layer norms, GELU and softmax are left out: a few per cent.
+    """
+    check_int("new_tokens", new_tokens, 1)
+    check_int("cached", cached, 0)
+    head_rows = new_tokens if head_rows is None else check_int("head_rows", head_rows, 0, new_tokens)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
-    positions = prompt_length + new_tokens - 1
-    layers = 2 * 12 * C * C * L * positions          # q, k, v (3C^2), out (C^2), MLP (8C^2)
-    head = 2 * V * C * new_tokens
-    attention = 4 * C * L * positions * (positions + 1) / 2
-    return (layers + head + attention) / new_tokens
+    keys = sum(cached + i + 1 for i in range(new_tokens))  # what the new tokens attend to, all together
+    return new_tokens * 2 * 12 * C * C * L + 4 * C * L * keys + head_rows * 2 * V * C
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A time predicted from counts: ``calls`` operator calls at ``per_call`` seconds each, plus ``flops``
+    at ``peak`` FLOP/s (this machine's large-matmul speed). ``fit`` takes ``per_call`` from one measurement."""
+    per_call: float
+    peak: float
+
+    @classmethod
+    def fit(cls, seconds: float, calls: float, flops: float, peak: float) -> "CostModel":
+        """The per-call cost that makes one measured time (``calls`` calls, ``flops``) come out exactly."""
+        for name, v in (("seconds", seconds), ("calls", calls), ("peak", peak)):
+            check_real(name, v, 0, open_min=True, allowed="a finite number > 0")
+        check_real("flops", flops, 0, allowed="a finite number >= 0")
+        return cls(max(seconds - flops / peak, 0.0) / calls, peak)
+
+    def predict(self, calls: float, flops: float) -> float:
+        return calls * self.per_call + flops / self.peak
+
+
+def peak_matmul(threads: int = 1, n: int = 1024, rounds: int = 5, min_run_time: float = 0.05) -> Timing:
+    """FLOP/s of one large fp32 matrix product (n x n x n) on this machine, the compute ceiling, over
+    ``rounds`` rounds (a :class:`~kvlib.timing.Timing` of FLOP/s: its median, low and high)."""
+    g = torch.Generator().manual_seed(0)  # its own generator: the global RNG is left alone
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    seconds = interleaved({"mm": lambda: torch.mm(a, b)}, rounds, n_threads=threads, min_run_time=min_run_time)["mm"]
+    return Timing(f"{n}x{n} matmul FLOP/s", tuple(2 * n ** 3 / s for s in seconds.rounds))
 
 
 def peak_matmul_flops(threads: int = 1, n: int = 1024, min_run_time: float = 0.3) -> float:
-    """FLOP/s of one large fp32 matrix product (n x n x n) on this machine, the compute ceiling."""
-    g = torch.Generator().manual_seed(0)  # its own generator: the global RNG is left alone
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    seconds = median_seconds(lambda: torch.mm(a, b), min_run_time, threads)
-    return 2 * n ** 3 / seconds
+    """The median of :func:`peak_matmul` over three rounds of ``min_run_time / 3`` seconds each."""
+    return peak_matmul(threads, n, 3, min_run_time / 3).median
 
 
 # ---------------------------------------------------------------------------------------------

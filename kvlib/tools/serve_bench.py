@@ -23,7 +23,7 @@ from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import RunResult, StepClock, run_continuous, run_one_at_a_time, run_static_batching
 from ..timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
-from .bench import peak_matmul_flops
+from .bench import forward_flops, peak_matmul_flops
 from .traces import make_trace
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
@@ -68,15 +68,10 @@ def pace_factors(fast: dict, slow: dict) -> dict:
 
 
 def step_flops(config, batch_size: int, context: int) -> int:
-    """Floating-point operations of one decode step: ``batch_size`` rows, each after ``context`` cached tokens.
-
-    Per row: 2 x the layers' matmul weights (12 C^2 a layer), 2 x the head (V C), and attention over
-    ``context + 1`` keys (2 C for q.k and 2 C for the weighted values, per key and layer).
-    """
+    """Floating-point operations of one decode step: ``batch_size`` rows, each one new token after ``context``
+    cached tokens (:func:`kvlib.tools.bench.forward_flops` of one token, per row)."""
     check_int("batch_size", batch_size, 1)
-    check_int("context", context, 0)
-    C, L, V = config.n_embd, config.n_layer, config.vocab_size
-    return batch_size * (2 * 12 * C * C * L + 2 * V * C + 4 * C * L * (context + 1))
+    return batch_size * forward_flops(config, 1, check_int("context", context, 0))
 
 
 def weight_bytes(model: GPT) -> int:

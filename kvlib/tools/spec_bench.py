@@ -30,7 +30,7 @@ from ..poems import encode_prompt
 from ..timing import Timing, describe_machine, interleaved, machine, verdict
 from ..timing import threads as thread_count
 from ..verify import greedy_agreement, near_tie_note
-from .bench import to_transformers, transformers_available
+from .bench import aten_calls, forward_flops, to_transformers, transformers_available
 
 GAMMAS = tuple(range(1, 9))
 TARGET_SPEEDUP = 1.3
@@ -130,7 +130,8 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
     difference of two timings of the same round (γ = 2 minus γ = 1), floored at 0 (one too quick to tell
     from noise is 0); its figure is the median of those differences.
     ``"verify_per_token_vs_step"`` holds, for T = 2 … 9, the verdict of a verify pass's cost per token
-    against the decode step, taken over the rounds (:func:`kvlib.timing.verdict`).
+    against the decode step, taken over the rounds (:func:`kvlib.timing.verdict`); ``"verify_vs_step"`` the
+    verdict of the whole pass against one step.
 
     A verify pass of one token is the decode step itself: ``verify_us[1]`` is the step's figure, not a
     second measurement of the same computation. The cost model divides these by ``step_us``: costs in
@@ -181,7 +182,27 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
             "guess_us": {name: 1e6 * statistics.median(g for g, _ in guess(name)) for name in drafts},
             "guess_steps_spread": {name: guess_steps(name) for name in drafts},
             "verify_per_token_vs_step": {T: verdict(per_token(T), t["step"]) for T in range(2, 10)},
+            "verify_vs_step": {T: verdict(t["verify", T], t["step"]) for T in range(2, 10)},
             "rounds": rounds, "context": context, "spread": spread}
+
+
+def pass_counts(model: GPT, context: int = 40) -> dict:
+    """What a verify pass of T = 1 … 9 tokens does after ``context`` cached tokens, whatever the machine:
+    ATen calls (counted under inference mode; T = 1 is the decode step), FLOPs, and bytes of weights read."""
+    dec, _ = decode_step(model, context)
+    context = dec.cache.length
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # every weight once (the tied head once)
+    out = {}
+    for T in range(1, MAX_VERIFY + 1):
+        chunk = torch.zeros(1, T, dtype=torch.long)
+
+        def run():
+            dec.cache.truncate(context)
+            dec(chunk) if T == 1 else dec.extend(chunk)
+        run()  # once uncounted: what is built once per decoder (the causal mask) is not part of a pass
+        out[T] = {"aten_calls": aten_calls(run), "flops": forward_flops(model.config, T, context),
+                  "weight_bytes": weights}
+    return out
 
 
 # ---- the cost model -------------------------------------------------------------------------------

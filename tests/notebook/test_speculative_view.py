@@ -1,4 +1,6 @@
 """Notebook 8's round-by-round view: rounds, colours, α, reset, bad prompts, the static copy."""
+import html
+
 import pytest
 import torch
 
@@ -136,3 +138,14 @@ def test_a_model_or_draft_it_cannot_use_is_refused_when_the_view_is_made(char):
         other = NeuralDraft(GPT(GPTConfig(vocab_size=512, n_layer=1, n_head=2, n_embd=16)))
     with pytest.raises(ValueError, match=r"drafts\['small'\] guesses among 512 token ids.*7184"):
         SpeculativeView(model, tok, {"small": other})
+
+
+def test_the_text_comes_with_its_english():
+    from kvlib.notebook.english import TRANSLATIONS
+    from kvlib.notebook.speculative_view import english_html
+
+    text = next(iter(TRANSLATIONS))
+    assert html.escape(TRANSLATIONS[text]) in english_html(text, text[-3:])  # a translation stored for exactly that text
+    glossed = english_html("独在异乡为异客，月明。", "月明。")        # no translation: the new characters' glosses
+    assert "月 moon" in glossed and "明 bright" in glossed and "。" not in glossed
+    assert english_html("独在异乡为异客，", "，") == ""                # nothing with a gloss: no line at all

@@ -62,6 +62,25 @@ def test_decode_flops_counts_layers_head_and_attention():
     assert bench.decode_flops(cfg, 2, 2) == (layers + head + attention) / 2
 
 
+def test_forward_flops_of_a_chunk_after_a_cache():
+    cfg = GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=2)
+    # 3 new tokens after 4 cached: they see 5, 6 and 7 keys; the head on all 3 rows, or on the last only
+    layers, attention, head = 3 * 2 * 12 * 2 * 2, 4 * 2 * (5 + 6 + 7), 2 * 10 * 2
+    assert bench.forward_flops(cfg, 3, 4) == layers + attention + 3 * head
+    assert bench.forward_flops(cfg, 3, 4, head_rows=1) == layers + attention + head
+    with pytest.raises(ValueError, match="head_rows"):
+        bench.forward_flops(cfg, 3, 4, head_rows=4)
+
+
+def test_the_cost_model_fits_one_time_and_predicts_from_counts():
+    m = bench.CostModel.fit(seconds=3e-3, calls=100, flops=2e6, peak=1e9)  # 2 ms of FLOPs, 1 ms of calls
+    assert m.per_call == pytest.approx(1e-5) and m.predict(100, 2e6) == pytest.approx(3e-3)
+    assert m.predict(200, 0) == pytest.approx(2e-3) and m.predict(0, 4e6) == pytest.approx(4e-3)
+    assert bench.CostModel.fit(1e-3, 10, 5e6, 1e9).per_call == 0.0  # quicker than its FLOPs: no time left for calls
+    with pytest.raises(ValueError, match="calls must be a finite number > 0"):
+        bench.CostModel.fit(1e-3, 0, 1.0, 1e9)
+
+
 # ---- the report ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_report_structure_and_text():
             assert 0 < res["alpha_needed"] <= 1 and res["alpha_needed_gamma"] in (1, 2, 3)
     assert report["better_vs_next"] in ("faster", "slower", "within noise")
     assert set(report["costs"]) == {"step_us", "verify_us", "head_us", "guess_us", "guess_steps_spread",
-                                    "verify_per_token_vs_step", "rounds", "context", "spread"}
+                                    "verify_per_token_vs_step", "verify_vs_step", "rounds", "context", "spread"}
     assert report["context"] == report["costs"]["context"] == spec_bench.bench_context(prompts, 12) == 8  # 2.5 + 5.5
     for name, (lo, hi) in report["costs"]["guess_steps_spread"].items():
         assert 0 <= lo <= hi, name  # a difference of two timings, never shown below 0
@@ -184,10 +184,20 @@ def test_piece_costs_verdicts_come_from_the_rounds_and_a_guess_is_never_below_ze
     monkeypatch.setattr(spec_bench, "interleaved", fake)
     costs = spec_bench.piece_costs(target, drafts, context=8, rounds=3)
     assert costs["verify_per_token_vs_step"] == {T: "faster" for T in range(2, 10)}
+    assert costs["verify_vs_step"] == {T: "slower" for T in range(2, 10)}  # 1.5x a step in every round
     lo, hi = costs["guess_steps_spread"]["n-gram"]
     assert lo == 0.0 and hi == pytest.approx(0.03 / 1.1)
     # The median of the rounds' differences (0, 0.03, 0), not the difference of the medians (0.03 - 0.02).
     assert costs["guess_us"]["n-gram"] == 0.0
+
+
+def test_pass_counts_grow_in_flops_not_in_calls_or_weights():
+    target = seeded(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), 0)
+    counts = spec_bench.pass_counts(target, context=5)
+    assert list(counts) == list(range(1, 10))
+    assert len({c["weight_bytes"] for c in counts.values()}) == 1  # every pass reads every weight once
+    assert len({c["aten_calls"] for T, c in counts.items() if T > 1}) == 1  # a wider pass makes the same calls
+    assert all(counts[T]["flops"] < counts[T + 1]["flops"] for T in range(1, 9))
 
 
 def test_the_pieces_are_timed_at_the_runs_mean_context():

@@ -29,6 +29,9 @@ GLOSSES = {  # a character's commonest sense in these poems
 }
 
 TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) -> English
+    "独在异乡为异客，不知何处是长安。\n一片":
+        "Alone in a strange land, a stranger, I do not know where Chang'an [the capital] lies. / A stretch of... "
+        "(cut off)",
     "一朝荣辱在天涯，一日无人不自知。":
         "One morning's honour or disgrace lies at the end of the world; in a single day there is no one who "
         "does not know himself.",

@@ -12,7 +12,23 @@ import torch
 
 from .checks import check_generator, check_logits, check_sampling, check_temperature, check_top_k, check_top_p
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "sample_next_unchecked"]
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "sample_next_unchecked",
+           "first_maximum"]
+
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def first_maximum(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum, (B, V) -> (B,) int64: ``logits.argmax(-1)``'s answer (a NaN counts as the maximum).
+
+    The greedy token. On the CPU, PyTorch's argmax over the last axis goes through a row's entries one
+    at a time, about 15 µs for a row of our 6,289 scores, so a batch of 18 rows or a verify pass of 9
+    pays that 18 or 9 times; NumPy's argmax uses vector instructions and takes about 1 µs a row. For a
+    CPU tensor NumPy knows (no copy: NumPy reads the tensor's memory), NumPy does it; else PyTorch.
+    """
+    if logits.device.type == "cpu" and logits.dtype in _NUMPY_DTYPES and logits.dim() == 2 and logits.shape[-1]:
+        return torch.from_numpy(logits.detach().numpy().argmax(-1))
+    return logits.argmax(-1)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -95,7 +111,7 @@ def sample_next_unchecked(logits: torch.Tensor, temperature: float, top_k: int |
                           generator: torch.Generator | None) -> torch.Tensor:
     """``sample_next`` for loops that checked their settings once: (B, 1) tokens; greedy at temperature 0."""
     if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)                         # the first maximum, as one-hot would
+        return first_maximum(logits).unsqueeze(-1)                         # the first maximum, as one-hot would
     return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)
 
 

@@ -22,7 +22,7 @@ from .checks import (check_bool, check_choice, check_id_list, check_int, check_l
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from .sampling import sample_next
+from .sampling import first_maximum, sample_next
 
 
 @dataclass
@@ -300,7 +300,7 @@ class Engine:
         used, stored = self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens()
         now = self.clock.now()
         retired = []
-        for seq, token in zip(seqs, logits.argmax(-1).tolist()):
+        for seq, token in zip(seqs, first_maximum(logits).tolist()):
             seq.output.append(token)
             if seq.first_token is None:
                 seq.first_token = now

@@ -35,7 +35,7 @@ from .checks import (ContextLimitError, check_bool, check_choice, check_generato
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .model import GPT, weights_key
-from .sampling import probabilities
+from .sampling import first_maximum, probabilities
 
 __all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sampled",
            "Round", "SpeculativeDecoder", "SpeculativeResult", "speculative_generate", "expected_tokens_per_round"]
@@ -245,7 +245,7 @@ class NeuralDraft(Draft):
         out, qs = [], []
         for i in range(gamma):
             if temperature == 0:
-                t = int(logits.argmax())
+                t = int(first_maximum(logits[None])[0])
             else:
                 q = probabilities(logits[None], *settings)[0]
                 t = int(torch.multinomial(q, 1, generator=generator))
@@ -274,7 +274,7 @@ def accept_greedy(drafted: list[int], target_logits: torch.Tensor) -> tuple[int,
         raise ValueError(f"target_logits must have shape (n + 1, V) = ({len(drafted) + 1}, V >= 1) for "
                          f"{len(drafted)} drafted tokens, got {tuple(target_logits.shape)}")
     check_logits(target_logits, "target_logits")  # no NaN, no +inf, a finite entry in every row
-    choice = target_logits.argmax(dim=-1).tolist()                   # the target's greedy token after each prefix
+    choice = first_maximum(target_logits).tolist()                   # the target's greedy token after each prefix
     n = 0
     while n < len(drafted) and drafted[n] == choice[n]:
         n += 1

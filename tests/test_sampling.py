@@ -264,3 +264,22 @@ def test_top_k_and_top_p_still_filter_at_a_huge_temperature(t):
 def test_the_edges_agree_with_the_limits_of_ordinary_temperatures():
     torch.testing.assert_close(probabilities(EDGE_LOGITS, 1e-300), probabilities(EDGE_LOGITS, 1e-3), atol=1e-6, rtol=0)
     torch.testing.assert_close(probabilities(EDGE_LOGITS, 1e300), probabilities(EDGE_LOGITS, 1e6), atol=1e-5, rtol=0)
+
+
+def test_first_maximum_is_argmax_ties_nan_and_banned_tokens_included():
+    from kvlib.sampling import first_maximum
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16):
+        x = torch.randn(9, 6289, generator=g).to(dtype)
+        x[1, 5] = x[1, 7] = x[1].max() + 1          # a tie: the first of the two
+        x[2] = float("-inf")
+        x[2, 3] = 0.0                                # everything banned but one
+        x[3, 11] = float("nan")                      # NaN counts as the maximum, as in torch.argmax
+        got = first_maximum(x)
+        assert got.dtype == torch.int64 and got.shape == (9,)
+        assert torch.equal(got, x.argmax(-1)), dtype
+        assert got[1] == 5 and got[2] == 3 and got[3] == 11
+    assert torch.equal(first_maximum(torch.tensor([[1.0, 3.0, 3.0]])), torch.tensor([1]))
+    t = torch.tensor([[0.0, 2.0]], requires_grad=True)
+    assert first_maximum(t).tolist() == [1]          # a tensor that needs grad is read, not changed

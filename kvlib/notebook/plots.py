@@ -452,9 +452,10 @@ def plot_token_grid(labels, key_mask, title: str = "") -> Figure:
 def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Figure:
     """A speculative-decoding sweep over γ, one colour per draft.
 
-    Left: tokens per target call, measured (dots) against the formula (1 − α^(γ+1)) / (1 − α) (lines).
-    Right: time per token, with plain greedy decoding as a dashed line. ``rows_by_draft`` maps a
-    draft's name to its rows, dicts with ``gamma``, ``tokens_per_call``, ``formula`` and
+    Left: tokens per round over the rounds that asked for all γ guesses, measured (dots), against the
+    formula (1 − α^(γ+1)) / (1 − α) (lines). Right: time per token, with plain greedy decoding as a
+    dashed line. ``rows_by_draft`` maps a draft's name to its rows, dicts with ``gamma``,
+    ``tokens_per_full_round``, ``formula`` and
     ``us_per_token`` (``run_spec_bench``'s ``report["results"][name]["rows"]``).
     """
     fig = Figure(figsize=(MAX_WIDTH, 4.6), layout="constrained")
@@ -463,12 +464,13 @@ def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Fi
     handles = []
     for color, (name, rows) in zip(colors, rows_by_draft.items()):
         gammas = [r["gamma"] for r in rows]
-        ax_calls.plot(gammas, [r["tokens_per_call"] for r in rows], "o", color=color, ms=7)
+        ax_calls.plot(gammas, [r["tokens_per_full_round"] for r in rows], "o", color=color, ms=7)
         ax_calls.plot(gammas, [r["formula"] for r in rows], "-", color=color)
         ax_time.plot(gammas, [r["us_per_token"] for r in rows], "o-", color=color, ms=7)
         handles.append(Line2D([], [], color=color, marker="o", ms=7, label=name))
     ax_time.axhline(plain_us_per_token, color="grey", ls="--")
-    ax_calls.set(xlabel="γ (guesses per round)", ylabel="tokens per target call", title="tokens per target call")
+    ax_calls.set(xlabel="γ (guesses per round)", ylabel="tokens per target call",
+                 title="tokens per round of γ guesses")
     ax_time.set(xlabel="γ (guesses per round)", ylabel="µs per token", title="time per token (this run)")
     ax_time.set_ylim(0, None)
     for ax in (ax_calls, ax_time):

@@ -124,7 +124,7 @@ SPEC_ROWS = {
     "neural": [(1.28, 1.29, 1920), (1.31, 1.33, 2150), (1.39, 1.43, 3476), (1.39, 1.41, 3315),
                (1.39, 1.41, 3927), (1.39, 1.41, 4109), (1.39, 1.41, 4778), (1.39, 1.41, 5430)],
 }
-SPEC_RESULTS = {name: [{"gamma": g, "tokens_per_call": t, "formula": f, "us_per_token": us}
+SPEC_RESULTS = {name: [{"gamma": g, "tokens_per_full_round": t, "formula": f, "us_per_token": us}
                        for g, (t, f, us) in enumerate(rows, 1)] for name, rows in SPEC_ROWS.items()}
 PLAIN_US = 1555.0
 # notebook 9's table, as shrink_table returns it (the numbers of one run)

@@ -44,6 +44,8 @@ def test_report_structure_and_text():
         for r in res["rows"]:
             assert r["same_tokens"] is True and 0 <= r["alpha"] <= 1
             assert 1 <= r["tokens_per_call"] <= r["gamma"] + 1 and 1 <= r["formula"] <= r["gamma"] + 1
+            assert 1 <= r["tokens_per_full_round"] <= r["gamma"] + 1 and 0 <= r["full_rounds"]
+            assert r["judged"] >= r["full_rounds"]  # a full round judges at least one guess
             assert r["us_per_token"] > 0 and r["speedup"] > 0 and r["modelled_us_per_token"] > 0
             assert r["low_us"] <= r["us_per_token"] <= r["high_us"]
             assert r["verdict"] in ("faster", "slower", "within noise")

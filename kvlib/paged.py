@@ -25,7 +25,7 @@ import torch
 from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_cache_made_for, check_choice, check_config,
                      check_device, check_dtype, check_id_list, check_int, check_key, check_logits, check_model,
                      check_multi_head, check_real)
-from .decoding import DECODERS, generate
+from .decoding import DECODERS, CachedDecoder
 from .fast import PagedStep
 from .model import GPT, GPTConfig
 
@@ -606,10 +606,13 @@ class PagedReport:
     max_abs_logit_diff: float
     tokens_equal: bool
     atol: float = 1e-4
+    parted: int = 0        # steps where the static cache's own greedy token differs from the paged one's
+    near_ties: int = 0     # of which the two tokens' static scores lie within atol (rounding may pick either)
 
     @property
     def passed(self) -> bool:
-        return self.tokens_equal and self.max_abs_logit_diff <= self.atol
+        """Logits within ``atol`` at every step, and the same tokens except at near-ties."""
+        return self.max_abs_logit_diff <= self.atol and self.parted == self.near_ties
 
 
 @torch.inference_mode()
@@ -617,8 +620,9 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
                  kv_block_size: int = KV_BLOCK_SIZE, atol: float = 1e-4) -> list[PagedReport]:
     """Greedy-decode all ``prompts`` together through one paged cache; compare each with the static cache.
 
-    For every request, its ``steps`` logits (paged, batched with the others) against those of
-    ``generate`` with the teaching model's ``KVCache`` (the request alone), and the greedy tokens.
+    For every request, its ``steps`` logits (paged, batched with the others) against the teaching model's
+    over a ``KVCache`` (the request alone, fed the paged run's tokens), and the greedy tokens: the same,
+    or parted only at near-ties (two scores within ``atol``, which rounding may order either way).
     """
     check_batch_inputs(model, prompts, steps)
     prompts = [list(map(int, p)) for p in prompts]
@@ -645,10 +649,14 @@ def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks
     paged_logits, paged_tokens = torch.stack(paged_logits, 1), torch.stack(paged_tokens, 1)  # (B, steps, V)
     reports = []
     for r, p in enumerate(prompts):
-        static = []
-        result = generate(model, torch.tensor([p]), steps, temperature=0.0, decoder="model",
-                          logits_hook=lambda step, tokens, lg: static.append(lg.clone()) or lg)
-        diff = (torch.cat(static) - paged_logits[r]).abs().max().item()
-        reports.append(PagedReport(len(p), steps, diff, result.new_tokens[0].tolist() == paged_tokens[r].tolist(),
-                                   atol))
+        # The request alone, through the teaching model and a KVCache, fed the paged run's own tokens: both
+        # see the same text at every step, even where rounding sent a near-tie the other way.
+        fed = paged_tokens[r].tolist()
+        alone = CachedDecoder(model, 1, len(p) + steps)
+        static = torch.cat([alone(torch.tensor([p]))] + [alone(torch.tensor([[t]])) for t in fed[:-1]])  # (steps, V)
+        diff = (static - paged_logits[r]).abs().max().item()
+        own = static.argmax(-1).tolist()
+        parted = [n for n in range(steps) if own[n] != fed[n]]
+        ties = sum(float(static[n, own[n]] - static[n, fed[n]]) <= atol for n in parted)
+        reports.append(PagedReport(len(p), steps, diff, not parted, atol, len(parted), ties))
     return reports

@@ -15,6 +15,15 @@ def test_every_request_matches_the_static_cache(shipped_char):
         assert r.max_abs_logit_diff <= 1e-4 and r.tokens_equal
 
 
+def test_a_report_passes_tokens_that_part_only_at_near_ties():
+    from kvlib.paged import PagedReport
+
+    assert PagedReport(3, 8, 2e-5, True).passed
+    assert PagedReport(3, 8, 2e-5, False, parted=1, near_ties=1).passed       # rounding may pick either token
+    assert not PagedReport(3, 8, 2e-5, False, parted=2, near_ties=1).passed   # one parting was no near-tie
+    assert not PagedReport(3, 8, 2e-4, True).passed                           # logits beyond atol
+
+
 def test_blocks_smaller_than_a_prompt_still_match(shipped_char):
     model, tok = shipped_char
     prompts = [encode_prompt(tok, "白日依山尽，黄河入海流。"), encode_prompt(tok, "春眠")]

@@ -288,9 +288,9 @@ def expected_share(requests: list, kv_block_size: int) -> float:
 
     A decode step feeds a request its latest token, so the cache then holds n = P + 1 … P + A - 1
     tokens (prompt P, answer A; the last token chosen is never fed back) in ceil(n / b) blocks, and
-    only the last block is partly empty; each step of each request counts once. This is the share
-    every schedule gets on these lengths without preemption (a preempted request's recompute turns one
-    of its decode steps into a prefill, so a run with preemptions counts a few steps fewer).
+    only the last block is partly empty; each step of each request counts once. This is the share any
+    schedule on a paged cache with these blocks gets on these lengths without preemption (a preempted
+    request's recompute turns one of its decode steps into a prefill, so such a run counts a few fewer).
     """
     check_int("kv_block_size", kv_block_size, 1)
     real = used = 0
@@ -414,7 +414,7 @@ def format_report(report: dict) -> str:
                      f"in passes of {r['decode_rows_per_pass']:.1f} rows, {cont['decode_row_us']:.0f} µs in passes of "
                      f"{cont['decode_rows_per_pass']:.1f})")
     expected = report["memory_share_from_lengths"]
-    lines.append("KV share every schedule gets on these lengths without preemption (each request's last block "
+    lines.append("KV share any schedule on the paged cache gets on these lengths without preemption (each request's last block "
                  "partly empty): " + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in expected.items()))
     d = report["decode_step"]
     lines.append(f"one decode step at about {d['context']} cached tokens a row, medians of {d['rounds']} interleaved "

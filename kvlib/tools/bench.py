@@ -182,6 +182,11 @@ def forward_flops(config: GPTConfig, new_tokens: int, cached: int = 0, head_rows
     return new_tokens * 2 * 12 * C * C * L + 4 * C * L * keys + head_rows * 2 * V * C
 
 
+def weight_bytes(model: GPT) -> int:
+    """Bytes of weights one step reads, whatever the batch: every parameter once (the tied head counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 @dataclass(frozen=True)
 class CostModel:
     """A time predicted from counts: ``calls`` operator calls at ``per_call`` seconds each, plus ``flops``

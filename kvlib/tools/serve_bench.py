@@ -23,7 +23,7 @@ from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import RunResult, StepClock, run_continuous, run_one_at_a_time, run_static_batching
 from ..timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
-from .bench import forward_flops, peak_matmul_flops
+from .bench import forward_flops, peak_matmul_flops, weight_bytes
 from .traces import make_trace
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
@@ -72,11 +72,6 @@ def step_flops(config, batch_size: int, context: int) -> int:
     cached tokens (:func:`kvlib.tools.bench.forward_flops` of one token, per row)."""
     check_int("batch_size", batch_size, 1)
     return batch_size * forward_flops(config, 1, check_int("context", context, 0))
-
-
-def weight_bytes(model: GPT) -> int:
-    """Bytes of weights one step reads, whatever the batch: every parameter once (the tied head counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @torch.inference_mode()

@@ -30,7 +30,7 @@ from ..poems import encode_prompt
 from ..timing import Timing, describe_machine, interleaved, machine, verdict
 from ..timing import threads as thread_count
 from ..verify import greedy_agreement, near_tie_note
-from .bench import aten_calls, forward_flops, to_transformers, transformers_available
+from .bench import aten_calls, forward_flops, to_transformers, transformers_available, weight_bytes
 
 GAMMAS = tuple(range(1, 9))
 TARGET_SPEEDUP = 1.3
@@ -191,7 +191,7 @@ def pass_counts(model: GPT, context: int = 40) -> dict:
     ATen calls (counted under inference mode; T = 1 is the decode step), FLOPs, and bytes of weights read."""
     dec, _ = decode_step(model, context)
     context = dec.cache.length
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # every weight once (the tied head once)
+    weights = weight_bytes(model)
     out = {}
     for T in range(1, MAX_VERIFY + 1):
         chunk = torch.zeros(1, T, dtype=torch.long)

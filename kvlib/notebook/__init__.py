@@ -21,10 +21,26 @@ def setup(model: str = "tang-char", threads: int = 1):
     global _rng_at_setup
     _rng_at_setup = torch.get_rng_state()
     torch.set_num_threads(threads)
-    from ..tools.loading import load_pretrained
-    from . import plots  # noqa: F401  registers the font
+    try:
+        from ..tools.loading import load_pretrained
+        from . import plots  # noqa: F401  registers the font
 
-    return load_pretrained(model)
+        return load_pretrained(model)
+    except Exception as e:
+        raise SetupFailed(e) from None
+
+
+class SetupFailed(RuntimeError):
+    """A notebook's set-up failed: Jupyter shows the error and the doctor's findings, not a traceback."""
+
+    def __init__(self, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+
+    def _render_traceback_(self) -> list[str]:  # IPython prints these lines instead of the traceback
+        from ..tools import doctor
+
+        return [f"The notebook's set-up failed: {self}", "",
+                doctor.report(doctor.diagnose()), "", "(python -m kvlib doctor prints the same in a terminal)"]
 
 
 def rng_untouched() -> bool:

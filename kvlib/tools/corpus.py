@@ -88,7 +88,11 @@ def clean(poems: list[dict], convert) -> tuple[list[str], dict]:
 
 def prepare(data_dir: Path = DATA_DIR, tarball: Path | None = None) -> dict:
     """Build ``tang.txt.xz`` and ``tang.json`` in ``data_dir``; returns the info written."""
-    import opencc  # only preparation needs it
+    try:
+        import opencc  # only preparation needs it
+    except ImportError:
+        raise RuntimeError("prepare-data converts the poems with OpenCC, which is not installed here: "
+                           "pip install 'kvlib[data]' (or -c requirements-lock.txt opencc for the tested version)") from None
 
     data_dir = Path(data_dir)
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,6 +3,11 @@
 Every shipped file under ``data/`` has its sha256 in ``data/MANIFEST.json``. Writers go through
 :func:`atomic_write` (temporary file in the same folder, fsync, rename) so a crash leaves either the
 old file or the new one, never a torn one.
+
+Where the data is: :func:`data_places` lists the folders looked at, in order: the one named by the
+``KVLIB_DATA`` environment variable (used alone when set), ``kvlib/data`` inside an installed wheel
+(the build copies the repository's ``data/`` there), and ``data/`` beside the package in a checkout
+or an editable install. ``DATA_DIR`` is the first that holds a manifest.
 """
 from __future__ import annotations
 
@@ -16,8 +21,41 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 MANIFEST_NAME = "MANIFEST.json"
+DATA_ENV = "KVLIB_DATA"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def data_places() -> list[tuple[str, Path]]:
+    """(how it was chosen, folder) for every place the shipped data may be, in the order looked at."""
+    named = os.environ.get(DATA_ENV)
+    if named:
+        return [(f"the {DATA_ENV} environment variable", Path(named).expanduser())]
+    return [("inside the installed package", PACKAGE_DIR / "data"),
+            ("beside the package, in a checkout", PACKAGE_DIR.parent / "data")]
+
+
+def find_data_dir() -> Path:
+    """The first place of :func:`data_places` that holds a manifest (else the last one, to be reported)."""
+    places = data_places()
+    return next((folder for _, folder in places if (folder / MANIFEST_NAME).is_file()), places[-1][1])
+
+
+def data_fix() -> str:
+    """What to do when the shipped data is not found, one line."""
+    if os.environ.get(DATA_ENV):
+        return (f"point {DATA_ENV} at a folder that holds {MANIFEST_NAME} (a kvlib checkout's data/ folder), "
+                f"or unset it to use the data installed with kvlib")
+    return ("reinstall kvlib from the repository (pip install --force-reinstall <the repository or its wheel>), "
+            f"or set {DATA_ENV} to a kvlib checkout's data/ folder")
+
+
+def data_not_found() -> str:
+    looked = "; ".join(f"{folder} ({how})" for how, folder in data_places())
+    return f"kvlib's data (models, corpus, fonts) was not found: looked in {looked}. Fix: {data_fix()}"
+
+
+DATA_DIR = find_data_dir()
 
 
 class IntegrityError(RuntimeError):
@@ -155,6 +193,11 @@ def record(*paths: str | os.PathLike, data_dir: Path = DATA_DIR) -> None:
     write_json(data_dir / MANIFEST_NAME, dict(sorted(manifest.items())))
 
 
+def is_inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, with every ``..`` and symlink resolved, lies inside ``folder``."""
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
 def verified_path(name: str, data_dir: Path = DATA_DIR) -> Path:
     """Return ``data_dir / name`` after checking it against the manifest."""
     if not isinstance(data_dir, (str, os.PathLike)) or not isinstance(name, str):
@@ -162,6 +205,13 @@ def verified_path(name: str, data_dir: Path = DATA_DIR) -> Path:
                         f"{type(name).__name__} and {type(data_dir).__name__}")
     data_dir = Path(data_dir)
     path = data_dir / name
+    if not os.path.lexists(data_dir / MANIFEST_NAME):
+        if data_dir == DATA_DIR:
+            raise IntegrityError(data_not_found())
+        raise IntegrityError(f"{data_dir} holds no {MANIFEST_NAME}, so {name} cannot be checked: "
+                             f"a data folder needs the manifest that lists every file's sha256")
+    if not is_inside(path, data_dir):
+        raise IntegrityError(f"{name!r} leaves the data folder {data_dir}: a data file's name must be a path inside it")
     entry = read_manifest(data_dir).get(name)
     if entry is None:
         raise IntegrityError(f"{name} is not listed in {data_dir / MANIFEST_NAME}")

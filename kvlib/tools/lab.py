@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from .fonts import FALLBACK_FILES
-from .integrity import DATA_DIR, verified_path
+from .integrity import PACKAGE_DIR, verified_path
 
-ROOT = DATA_DIR.parent
+NOTEBOOKS = PACKAGE_DIR.parent / "notebooks"  # in a checkout; an installed kvlib opens the current folder
 CSS = Path(__file__).resolve().parents[1] / "notebook" / "jupyterlab" / "custom.css"
 CONFIG_DIR = Path(sys.prefix) / "etc" / "kvlib-jupyter"
 
@@ -40,7 +41,10 @@ def arguments() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env = {**os.environ, **prepare()}
-    command = [sys.executable, "-m", "jupyterlab", *arguments(), *(argv or [str(ROOT / "notebooks")])]
+    folder = [str(NOTEBOOKS)] if NOTEBOOKS.is_dir() else []
+    command = [sys.executable, "-m", "jupyterlab", *arguments(), *(argv or folder)]
+    if os.name == "nt":  # Windows has no exec: JupyterLab runs as a child until it stops
+        return subprocess.call(command, env=env)
     os.execve(sys.executable, command, env)
     return 0  # not reached
 

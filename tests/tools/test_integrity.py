@@ -231,3 +231,70 @@ def test_stale_temporaries_are_removed_by_name_and_age(tmp_path):
     assert remove_stale_temporaries(tmp_path, ["a.pt"]) == [mine]
     assert remove_stale_temporaries(tmp_path, ["MANIFEST.json"], older_than=600) == []  # still being written?
     assert theirs.exists() and fresh.exists() and keep.exists()
+
+
+# ---- where the data is found ----------------------------------------------------------------------------
+
+def run_python(code: str, cwd: Path, **env) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if k != integrity.DATA_ENV} | env
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_the_checkout_finds_its_data_beside_the_package(monkeypatch):
+    monkeypatch.delenv(integrity.DATA_ENV, raising=False)
+    assert integrity.find_data_dir() == ROOT / "data"
+    assert [how for how, _ in integrity.data_places()] == ["inside the installed package", "beside the package, in a checkout"]
+
+
+def test_the_data_variable_is_the_only_place_looked_at_when_set(tmp_path, monkeypatch):
+    monkeypatch.setenv(integrity.DATA_ENV, str(tmp_path))
+    assert integrity.data_places() == [(f"the {integrity.DATA_ENV} environment variable", tmp_path)]
+    assert integrity.find_data_dir() == tmp_path  # empty, but named on purpose: reported, never replaced
+
+
+def test_a_data_variable_naming_an_empty_folder_lists_where_it_looked_and_the_fix(tmp_path):
+    out = run_python("import kvlib; kvlib.load_pretrained('tang-char')", cwd=tmp_path, KVLIB_DATA=str(tmp_path))
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert "IntegrityError" in last and str(tmp_path) in last and integrity.DATA_ENV in last.split("Fix:")[1]
+
+
+def test_a_data_variable_naming_a_copy_loads_from_the_copy(tmp_path):
+    for name in ("MANIFEST.json", "tang-char.pt", "tang-char.tokenizer.json"):
+        shutil.copyfile(DATA_DIR / name, tmp_path / name)
+    code = "from kvlib.tools import integrity; import kvlib; kvlib.load_pretrained('tang-char'); print(integrity.DATA_DIR)"
+    out = run_python(code, cwd=tmp_path, KVLIB_DATA=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path)
+
+
+def test_a_folder_without_a_manifest_is_named_as_such(tmp_path):
+    shutil.copyfile(DATA_DIR / "tang-char.pt", tmp_path / "tang-char.pt")
+    with pytest.raises(IntegrityError, match=MANIFEST_NAME):
+        verified_path("tang-char.pt", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../secret.pt", "fonts/../../secret.pt", "/etc/passwd"])
+def test_a_manifest_entry_outside_the_data_folder_is_refused(tmp_path, name):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (tmp_path / "secret.pt").write_bytes(b"not data")
+    manifest = {name: {"sha256": sha256_file(tmp_path / "secret.pt"), "bytes": 8}}
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(IntegrityError, match="leaves the data folder"):
+        verified_path(name, folder)
+
+
+def test_the_wheel_carries_the_data_and_the_classroom_css():
+    """pyproject maps data/ to kvlib/data: every manifest entry and the CSS are package data."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert tool["package-dir"]["kvlib.data"] == "data"
+    folders = {Path(name).parent.as_posix() for name in integrity.read_manifest()}
+    packages = {("kvlib.data" + ("" if f == "." else "." + f.replace("/", "."))) for f in folders}
+    assert packages <= set(tool["packages"]) and all(tool["package-data"][p] == ["*"] for p in packages)
+    assert "kvlib.notebook.jupyterlab" in tool["packages"]

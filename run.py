@@ -1,0 +1,126 @@
+"""Set up and run kvlib with nothing but Python: the same commands on Linux, macOS and Windows.
+
+    python run.py lab        make .venv (exact tested versions), then open JupyterLab on notebooks/
+    python run.py test       the same set-up, then every test
+    python run.py restore    after class: the committed notebooks back
+    python run.py doctor     what is wrong with this set-up, and the one-line fix
+
+Run it with the Python you want the venv made from (3.10 or newer; 3.11 is the tested one), for
+example ``python3.11 run.py lab`` on Linux or macOS and ``py -3.11 run.py lab`` on Windows. It uses
+only the standard library, so it works before anything is installed; ``make`` calls it too.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+LOCK = ROOT / "requirements-lock.txt"
+LAB_SETTINGS = ROOT / "notebooks" / "jupyterlab-settings.json"
+INPUTS = [ROOT / "pyproject.toml", LOCK, LAB_SETTINGS]  # a change to any of them redoes the set-up
+EXTRAS = "lab,test,bench"
+# The unit tests load only the plugin they use (xdist) and take pyproject's addopts without nbval's
+# options: nbval's Jupyter imports and hypothesis's rewriting would cost every worker seconds.
+UNIT_ARGS = ["--disable-plugin-autoload", "-p", "xdist.plugin", "-o", "addopts=-ra --import-mode=importlib"]
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def run(*command, **kwargs) -> None:
+    print("+", " ".join(str(c) for c in command), flush=True)
+    code = subprocess.call([str(c) for c in command], cwd=ROOT, **kwargs)
+    if code:
+        sys.exit(code)
+
+
+def fingerprint() -> str:
+    h = hashlib.sha256(sys.version.encode())
+    for path in INPUTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def setup() -> Path:
+    """Make ``.venv`` and install the project with the locked versions (skipped when nothing changed)."""
+    if sys.version_info < (3, 10):
+        sys.exit(f"kvlib needs Python 3.10 or newer; this is {sys.version.split()[0]} ({sys.executable}). "
+                 "Run this file with a newer Python, e.g. python3.11 run.py ... or py -3.11 run.py ...")
+    stamp = VENV / ".installed"
+    python = venv_python()
+    if python.exists() and stamp.exists() and stamp.read_text() == fingerprint():
+        return python
+    if not python.exists():
+        run(sys.executable, "-m", "venv", VENV)
+    run(python, "-m", "pip", "install", "--upgrade", "pip")
+    run(python, "-m", "pip", "install", "-c", LOCK, "-e", f".[{EXTRAS}]")
+    target = VENV / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(LAB_SETTINGS, target)  # no news pop-up, widget state saved with the notebooks
+    stamp.write_text(fingerprint())
+    return python
+
+
+def lab(args: list[str]) -> None:
+    run(setup(), "-m", "kvlib.tools.lab", *(args or [ROOT / "notebooks"]))
+
+
+def test(args: list[str]) -> None:
+    """The unit tests on every core, then the notebooks and the browser test one at a time."""
+    python = setup()
+    run(python, "-m", "pytest", "-n", "auto", "--dist", "worksteal", *UNIT_ARGS, "tests",
+        "--ignore=tests/test_browser.py", *args)
+    run(python, "-m", "pytest", "notebooks", "tests/test_browser.py", *args)
+
+
+def notebooks(args: list[str]) -> None:
+    """Re-execute every notebook in place (after retraining or a library change)."""
+    run(setup(), "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("0*.ipynb")), *args)
+
+
+def restore(args: list[str]) -> None:
+    """The committed notebooks back (Run All and autosave rewrite their outputs)."""
+    run("git", "checkout", "--", "notebooks/")
+
+
+def wheel(args: list[str]) -> None:
+    """A wheel with the data inside, in dist/: for Colab, lab machines, or pip install elsewhere."""
+    run(setup(), "-m", "pip", "wheel", "--no-deps", "-w", ROOT / "dist", ROOT, *args)
+
+
+def doctor(args: list[str]) -> None:
+    """The doctor runs in .venv as it is, without a set-up first: the set-up may be what is broken."""
+    if not venv_python().exists():
+        sys.exit(f"there is no .venv in {ROOT} yet: run  python run.py setup  (or python run.py lab)")
+    run(venv_python(), "-m", "kvlib", "doctor", *args)
+
+
+def kvlib_command(name: str):
+    return lambda args: run(setup(), "-m", "kvlib", name, *args)
+
+
+def clean(args: list[str]) -> None:
+    for path in (VENV, ROOT / ".pytest_cache", ROOT / "dist"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+COMMANDS = {"setup": lambda args: setup(), "lab": lab, "test": test, "notebooks": notebooks, "restore": restore,
+            "wheel": wheel, "clean": clean, "doctor": doctor, "demo": kvlib_command("demo"),
+            "bench": kvlib_command("bench")}
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in COMMANDS:
+        sys.exit(f"{__doc__}\nCommands: {', '.join(COMMANDS)}" + (f"\nunknown command {argv[0]!r}" if argv else ""))
+    COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -4,6 +4,7 @@
     python run.py test       the same set-up, then every test
     python run.py restore    after class: the committed notebooks back
     python run.py doctor     what is wrong with this set-up, and the one-line fix
+    python run.py colab SOURCE   where Colab installs kvlib from (a git+https address), in every notebook
 
 Run it with the Python you want the venv made from (3.10 or newer; 3.11 is the tested one), for
 example ``python3.11 run.py lab`` on Linux or macOS and ``py -3.11 run.py lab`` on Windows. It uses
@@ -12,7 +13,9 @@ only the standard library, so it works before anything is installed; ``make`` ca
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +105,32 @@ def doctor(args: list[str]) -> None:
     run(venv_python(), "-m", "kvlib", "doctor", *args)
 
 
+COLAB_LINE = "KVLIB_SOURCE = "  # the line of every notebook's first cell that names where Colab installs from
+
+
+def colab(args: list[str]) -> None:
+    """Write SOURCE into every notebook's Colab cell; print the Colab links of a GitHub source."""
+    if len(args) != 1 or not args[0].startswith(("git+https://", "https://")):
+        sys.exit("usage: python run.py colab SOURCE, where SOURCE is the pip address of your copy of kvlib, "
+                 "e.g. git+https://github.com/OWNER/REPO (a branch or tag may follow after @)")
+    source = args[0]
+    for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        lines = [f"{COLAB_LINE}{source!r}\n" if line.startswith(COLAB_LINE) else line for line in cell["source"]]
+        if lines == cell["source"] and not any(line.startswith(COLAB_LINE) for line in lines):
+            sys.exit(f"{path.name}: its first code cell has no {COLAB_LINE!r} line")
+        cell["source"] = lines
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"{path.name}: Colab installs kvlib from {source}")
+    github = re.match(r"(?:git\+)?https://github\.com/([^/@]+/[^/@]+?)(?:\.git)?(?:@(.+))?$", source)
+    if github:
+        repo, ref = github.group(1), github.group(2) or "main"
+        print("Open in Colab (after you push the notebooks):")
+        for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+            print(f"  https://colab.research.google.com/github/{repo}/blob/{ref}/notebooks/{path.name}")
+
+
 def kvlib_command(name: str):
     return lambda args: run(setup(), "-m", "kvlib", name, *args)
 
@@ -111,7 +140,7 @@ def clean(args: list[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-COMMANDS = {"setup": lambda args: setup(), "lab": lab, "test": test, "notebooks": notebooks, "restore": restore,
+COMMANDS = {"setup": lambda args: setup(), "lab": lab, "test": test, "notebooks": notebooks, "restore": restore, "colab": colab,
             "wheel": wheel, "clean": clean, "doctor": doctor, "demo": kvlib_command("demo"),
             "bench": kvlib_command("bench")}
 

@@ -126,7 +126,7 @@ def test_notebooks_start_with_setup_and_check_the_rng_at_the_end(notebook):
     """One set-up for every notebook: ``setup()`` saves ``torch.get_rng_state()`` before kvlib does anything;
     the last cell prints ``rng_untouched()`` (``# NBVAL_CHECK_OUTPUT``, so nbval fails if it prints False)."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"][1:]  # after the Colab cell (tests/test_run.py)
     first = "".join(code[0]["source"])
     calls = [line for line in first.splitlines() if re.search(r"\b(load_pretrained|GPT|generate|write|setup)\(", line)]
     assert calls and "setup(" in calls[0], f"{notebook.name}: the first code cell must call kvlib.notebook.setup() first"

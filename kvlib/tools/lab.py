@@ -1,4 +1,4 @@
-"""JupyterLab as the notebooks expect it: ``python -m kvlib.tools.lab [folder]`` (what ``make lab`` runs).
+"""JupyterLab as the notebooks expect it: ``python -m kvlib.tools.lab [folder]`` (what ``run.py lab`` runs).
 
 JupyterLab reads ``custom/custom.css`` from its configuration folder when started with
 ``--LabApp.custom_css=True``. :func:`prepare` writes that folder inside the venv (the classroom CSS

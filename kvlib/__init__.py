@@ -13,7 +13,7 @@ from .decoding import GenerationResult, cache_decoder, generate, generate_uncach
 from .evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from .fast import FastDecoder
 from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
-from .paged import BlockPool, PagedKVCache, verify_paged
+from .paged import BlockPool, PagedKVCache
 from .quantized import QuantizedKVCache
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
 from .serving import Engine, Request
@@ -21,7 +21,7 @@ from .stepper import CacheStepper
 from .poems import encode_prompt, next_token_probs, top_next, write
 from .tokenizer import ByteBPETokenizer, CharTokenizer, TextStream, UnknownCharacterError, stream_decode
 from .tools.loading import load_pretrained
-from .verify import CacheReport, check_batch_consistency, verify_cache
+from .verify import CacheReport, check_batch_consistency, verify_cache, verify_paged
 
 __all__ = [
     "load_pretrained",

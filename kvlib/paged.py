@@ -22,10 +22,9 @@ from itertools import repeat
 
 import torch
 
-from .checks import (ContextLimitError, check_batch_inputs, check_bool, check_cache_made_for, check_choice, check_config,
-                     check_device, check_dtype, check_id_list, check_int, check_key, check_logits, check_model,
-                     check_multi_head, check_real)
-from .decoding import DECODERS, CachedDecoder
+from .checks import (ContextLimitError, check_bool, check_cache_made_for, check_choice, check_config, check_device,
+                     check_dtype, check_id_list, check_int, check_key, check_logits, check_model, check_multi_head)
+from .decoding import DECODERS
 from .fast import PagedStep
 from .model import GPT, GPTConfig
 
@@ -596,67 +595,3 @@ class PagedBatch:
         n = check_int("n", n, 0, self.length, f"an int in [0, {self.length}] (tokens to keep per sequence)")
         for sid in self.sids:
             self.cache.truncate(sid, min(n, self.cache.tables[sid].length))
-
-
-@dataclass
-class PagedReport:
-    """One request decoded through the paged cache against the static cache."""
-    prompt_length: int
-    steps: int
-    max_abs_logit_diff: float
-    tokens_equal: bool
-    atol: float = 1e-4
-    parted: int = 0        # steps where the static cache's own greedy token differs from the paged one's
-    near_ties: int = 0     # of which the two tokens' static scores lie within atol (rounding may pick either)
-
-    @property
-    def passed(self) -> bool:
-        """Logits within ``atol`` at every step, and the same tokens except at near-ties."""
-        return self.max_abs_logit_diff <= self.atol and self.parted == self.near_ties
-
-
-@torch.inference_mode()
-def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks: int | None = None,
-                 kv_block_size: int = KV_BLOCK_SIZE, atol: float = 1e-4) -> list[PagedReport]:
-    """Greedy-decode all ``prompts`` together through one paged cache; compare each with the static cache.
-
-    For every request, its ``steps`` logits (paged, batched with the others) against the teaching model's
-    over a ``KVCache`` (the request alone, fed the paged run's tokens), and the greedy tokens: the same,
-    or parted only at near-ties (two scores within ``atol``, which rounding may order either way).
-    """
-    check_batch_inputs(model, prompts, steps)
-    prompts = [list(map(int, p)) for p in prompts]
-    kv_block_size = check_int("kv_block_size", kv_block_size, 1, model.config.block_size,
-                              f"an int in [1, {model.config.block_size}] (the model's block size at most)")
-    atol = check_real("atol", atol, 0)
-    need = sum(ceil_div(len(p) + steps, kv_block_size) for p in prompts)
-    if num_blocks is None:
-        num_blocks = need
-    num_blocks = check_int("num_blocks", num_blocks, need, None,
-                           f"None or an int >= {need} (blocks these prompts and steps need)")
-    cache = PagedKVCache.for_model(model, num_blocks, kv_block_size, enable_prefix_caching=False)
-    sids = list(range(len(prompts)))
-    for sid, p in zip(sids, prompts):
-        cache.add_sequence(sid, p)
-    paged_logits, paged_tokens = [], []
-    logits = cache.forward(model, sids, prompts)                               # prefill, all at once
-    for n in range(steps):
-        paged_logits.append(logits)
-        nxt = logits.argmax(-1)
-        paged_tokens.append(nxt)
-        if n + 1 < steps:
-            logits = cache.forward(model, sids, [[int(t)] for t in nxt])
-    paged_logits, paged_tokens = torch.stack(paged_logits, 1), torch.stack(paged_tokens, 1)  # (B, steps, V)
-    reports = []
-    for r, p in enumerate(prompts):
-        # The request alone, through the teaching model and a KVCache, fed the paged run's own tokens: both
-        # see the same text at every step, even where rounding sent a near-tie the other way.
-        fed = paged_tokens[r].tolist()
-        alone = CachedDecoder(model, 1, len(p) + steps)
-        static = torch.cat([alone(torch.tensor([p]))] + [alone(torch.tensor([[t]])) for t in fed[:-1]])  # (steps, V)
-        diff = (static - paged_logits[r]).abs().max().item()
-        own = static.argmax(-1).tolist()
-        parted = [n for n in range(steps) if own[n] != fed[n]]
-        ties = sum(float(static[n, own[n]] - static[n, fed[n]]) <= atol for n in parted)
-        reports.append(PagedReport(len(p), steps, diff, not parted, atol, len(parted), ties))
-    return reports

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import ContextLimitError, check_batch_inputs, check_int, check_model, check_real, check_token_ids
-from .decoding import generate, generate_uncached, pad_prompts
+from .decoding import CachedDecoder, generate, generate_uncached, pad_prompts
 from .model import GPT
+from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 
 # ---- input checks of this module ------------------------------------------------------------
 
@@ -55,8 +56,8 @@ class CacheReport:
 
     @property
     def passed(self) -> bool:
-        """Logits within atol, and any divergence excused only by a near-tie (margin < atol)."""
-        excused = self.first_divergence is None or self.divergence_margin < self.atol
+        """Logits within atol, and any divergence excused only by a near-tie (:func:`is_near_tie`)."""
+        excused = self.first_divergence is None or is_near_tie(self.divergence_margin, self.atol)
         return self.max_abs_logit_diff <= self.atol and excused
 
     @property
@@ -118,6 +119,15 @@ def spacing(x: torch.Tensor) -> float:
     return torch.finfo(x.dtype).eps * 2.0 ** math.floor(math.log2(largest)) if largest > 0 else 0.0
 
 
+def is_near_tie(gap: float, atol: float = ATOL) -> bool:
+    """Whether two scores ``gap`` apart are a near-tie: closer than ``atol``, so rounding may order them either way.
+
+    The one rule by which every proof here (``verify_cache``, batches, ``greedy_agreement``, ``verify_paged``)
+    excuses two greedy runs that part.
+    """
+    return abs(gap) < atol
+
+
 def _margins(logits: torch.Tensor) -> list[float]:
     """Top-1 minus top-2 logit of each row of (n, V) logits."""
     top2 = logits.topk(2, dim=-1).values
@@ -142,7 +152,7 @@ def greedy_agreement(model: GPT, prompt, a, b, atol: float = ATOL) -> str:
         raise ContextLimitError(f"the continuations part after {len(context)} tokens, where the model's block holds "
                                 f"{model.config.block_size}: nothing to compare them by")
     logits = model(torch.tensor([context], device=model.lm_head.weight.device))[0][0, -1]  # (V,)
-    return "near-tie" if abs(float(logits[a[first]] - logits[b[first]])) < atol else "differ"
+    return "near-tie" if is_near_tie(float(logits[a[first]] - logits[b[first]]), atol) else "differ"
 
 
 def near_tie_note(n: int, atol: float = ATOL) -> str:
@@ -165,7 +175,7 @@ def _compare(tokens, logits, ref_tokens, ref_logits, ref_margins, atol) -> dict:
     diff = (logits[:upto] - ref_logits[:upto]).abs().max().item() if upto else 0.0
     margin = None if first is None else ref_margins[first]
     return {"equal": first is None, "first_divergence": first,
-            "divergence_margin": margin, "excused": first is not None and margin < atol,
+            "divergence_margin": margin, "excused": first is not None and is_near_tie(margin, atol),
             "max_abs_logit_diff": diff}
 
 
@@ -256,3 +266,67 @@ def chi_square_homogeneity(a, b, min_expected: float = 5.0) -> float:
     stat = float(((rows_a - ea) ** 2 / ea + (rows_b - eb) ** 2 / eb).sum())
     df = len(n) - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+@dataclass
+class PagedReport:
+    """One request decoded through the paged cache against the static cache."""
+    prompt_length: int
+    steps: int
+    max_abs_logit_diff: float
+    tokens_equal: bool
+    atol: float = ATOL
+    parted: int = 0        # steps where the static cache's own greedy token differs from the paged one's
+    near_ties: int = 0     # of which the two tokens' static scores lie within atol (rounding may pick either)
+
+    @property
+    def passed(self) -> bool:
+        """Logits within ``atol`` at every step, and the same tokens except at near-ties."""
+        return self.max_abs_logit_diff <= self.atol and self.parted == self.near_ties
+
+
+@torch.inference_mode()
+def verify_paged(model: GPT, prompts: list[list[int]], steps: int, *, num_blocks: int | None = None,
+                 kv_block_size: int = KV_BLOCK_SIZE, atol: float = ATOL) -> list[PagedReport]:
+    """Greedy-decode all ``prompts`` together through one paged cache; compare each with the static cache.
+
+    For every request, its ``steps`` logits (paged, batched with the others) against the teaching model's
+    over a ``KVCache`` (the request alone, fed the paged run's tokens), and the greedy tokens: the same,
+    or parted only at near-ties (two scores within ``atol``, which rounding may order either way).
+    """
+    check_batch_inputs(model, prompts, steps)
+    prompts = [list(map(int, p)) for p in prompts]
+    kv_block_size = check_int("kv_block_size", kv_block_size, 1, model.config.block_size,
+                              f"an int in [1, {model.config.block_size}] (the model's block size at most)")
+    atol = check_atol(atol)
+    need = sum(ceil_div(len(p) + steps, kv_block_size) for p in prompts)
+    if num_blocks is None:
+        num_blocks = need
+    num_blocks = check_int("num_blocks", num_blocks, need, None,
+                           f"None or an int >= {need} (blocks these prompts and steps need)")
+    cache = PagedKVCache.for_model(model, num_blocks, kv_block_size, enable_prefix_caching=False)
+    sids = list(range(len(prompts)))
+    for sid, p in zip(sids, prompts):
+        cache.add_sequence(sid, p)
+    paged_logits, paged_tokens = [], []
+    logits = cache.forward(model, sids, prompts)                               # prefill, all at once
+    for n in range(steps):
+        paged_logits.append(logits)
+        nxt = logits.argmax(-1)
+        paged_tokens.append(nxt)
+        if n + 1 < steps:
+            logits = cache.forward(model, sids, [[int(t)] for t in nxt])
+    paged_logits, paged_tokens = torch.stack(paged_logits, 1), torch.stack(paged_tokens, 1)  # (B, steps, V)
+    reports = []
+    for r, p in enumerate(prompts):
+        # The request alone, through the teaching model and a KVCache, fed the paged run's own tokens: both
+        # see the same text at every step, even where rounding sent a near-tie the other way.
+        fed = paged_tokens[r].tolist()
+        alone = CachedDecoder(model, 1, len(p) + steps)
+        static = torch.cat([alone(torch.tensor([p]))] + [alone(torch.tensor([[t]])) for t in fed[:-1]])  # (steps, V)
+        diff = (static - paged_logits[r]).abs().max().item()
+        own = static.argmax(-1).tolist()
+        parted = [n for n in range(steps) if own[n] != fed[n]]
+        ties = sum(is_near_tie(float(static[n, own[n]] - static[n, fed[n]]), atol) for n in parted)
+        reports.append(PagedReport(len(p), steps, diff, not parted, atol, len(parted), ties))
+    return reports

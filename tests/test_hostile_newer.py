@@ -24,7 +24,8 @@ import torch
 
 from kvlib.fast import FastDecoder
 from kvlib.model import GPT, GPTConfig
-from kvlib.paged import BlockPool, PagedBatch, PagedKVCache, block_hash, verify_paged
+from kvlib.paged import BlockPool, PagedBatch, PagedKVCache, block_hash
+from kvlib.verify import verify_paged
 from kvlib.tools.traces import class_trace, make_trace
 from kvlib.serving import (Engine, Request, parallel_sample, run_continuous,
                            run_one_at_a_time, run_static_batching)

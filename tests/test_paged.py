@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kvlib.paged import BlockPool, PagedKVCache, block_hash, verify_paged
+from kvlib.paged import BlockPool, PagedKVCache, block_hash
+from kvlib.verify import verify_paged
 from kvlib.poems import encode_prompt
 
 
@@ -16,7 +17,7 @@ def test_every_request_matches_the_static_cache(shipped_char):
 
 
 def test_a_report_passes_tokens_that_part_only_at_near_ties():
-    from kvlib.paged import PagedReport
+    from kvlib.verify import PagedReport
 
     assert PagedReport(3, 8, 2e-5, True).passed
     assert PagedReport(3, 8, 2e-5, False, parted=1, near_ties=1).passed       # rounding may pick either token

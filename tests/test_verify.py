@@ -418,3 +418,18 @@ def test_spacing_reads_finite_values_only():
 
     assert spacing(torch.tensor([float("-inf"), 3.0])) == torch.finfo(torch.float32).eps * 2
     assert spacing(torch.tensor([float("inf")])) == 0.0 and spacing(torch.zeros(0)) == 0.0
+
+
+def test_one_near_tie_rule_for_every_proof():
+    """A parting at a gap of exactly atol is no near-tie, in verify_cache, batches, greedy_agreement and verify_paged alike."""
+    import re
+    from pathlib import Path
+
+    from kvlib.verify import is_near_tie
+
+    assert is_near_tie(0.99e-4, 1e-4) and is_near_tie(-0.5e-4, 1e-4) and not is_near_tie(1e-4, 1e-4)
+    kvlib_dir = Path(__file__).resolve().parents[1] / "kvlib"
+    own = re.compile(r"(margin|gap|logits\[|static\[)[^\n]*<=?\s*(self\.|v\[['\"])?atol")
+    found = [f"{p.name}:{n}" for p in kvlib_dir.rglob("*.py") for n, line in enumerate(p.read_text().splitlines(), 1)
+             if own.search(line) and "def is_near_tie" not in line]
+    assert not found, f"a near-tie decided outside verify.is_near_tie: {found}"

@@ -88,10 +88,12 @@ def _verify_report(r) -> dict:
 
 
 def _verify_lines(v: dict, label: str = "") -> list[str]:
+    from ..verify import is_near_tie
+
     smallest = min(range(len(v["margins"])), key=v["margins"].__getitem__)
     divergence = ("none: the greedy tokens agree at every step" if v["first_divergence"] is None else
                   f"step {v['first_divergence']}, margin {v['divergence_margin']:.3g} "
-                  f"({'a near-tie, excused' if v['divergence_margin'] < v['atol'] else 'not a near-tie'})")
+                  f"({'a near-tie, excused' if is_near_tie(v['divergence_margin'], v['atol']) else 'not a near-tie'})")
     return [
         f"verify{label}: {'passed' if v['passed'] else 'FAILED'}: {v['steps']} greedy steps, max |cached - "
         f"recomputed| logit {v['max_abs_logit_diff']:.2g} (atol {v['atol']:g}), "

@@ -384,7 +384,7 @@ def check_batch_inputs(model, prompts, steps) -> None:
             raise ValueError(f"prompt {i} holds token id {max(p)}, outside the vocabulary [0, {model.config.vocab_size})")
 
 
-# ---- more edges: flags, finite numbers, lists, keys, dtypes and one thread at a time ---------------
+# ---- more edges: flags, finite numbers, lists, keys, dtypes ---------------------------------------
 
 def check_bool(name: str, value) -> bool:
     """True or False exactly (1, "yes" and None are not flags)."""
@@ -489,28 +489,6 @@ def check_device(device, name: str = "device"):
             raise ValueError(f"{name} {str(device)!r} is not available here ({str(e).splitlines()[0]}); "
                              f"'cpu' always is") from None
     return device
-
-
-class one_at_a_time:
-    """``with one_at_a_time(self._lock, "CacheStepper.step"):``: a second thread inside raises RuntimeError.
-
-    The lock is taken without waiting, so an object that is not safe to share between threads
-    refuses a concurrent call clearly instead of corrupting its state.
-    """
-
-    def __init__(self, lock, what: str):
-        self.lock, self.what = lock, what
-
-    def __enter__(self):
-        if not self.lock.acquire(blocking=False):
-            owner = self.what.split(".")[0]
-            raise RuntimeError(f"{self.what} is already running (in another thread); a {owner} is not "
-                               f"thread-safe: give each thread its own, or call it from one thread")
-        return self
-
-    def __exit__(self, *exc):
-        self.lock.release()
-        return False
 
 
 # ---- caches: sizes, chunks of keys and values, token-id tensors ------------------------------------

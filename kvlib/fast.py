@@ -40,6 +40,7 @@ A decoder keeps the weights it was built with; ``generate`` builds a new decoder
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -47,7 +48,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError, check_int, check_model, check_multi_head, one_at_a_time
+from .checks import ContextLimitError, check_int, check_model, check_multi_head
+from .guards import one_thread_at_a_time
 from .model import GPT, KVCache, attention_mask, weights_key
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "head_logits", "run_blocks",
@@ -145,6 +147,19 @@ def step_weights(model: GPT) -> StepWeights:
         return hit[1]
 
 
+def in_inference_mode(method):
+    """Run ``method`` under ``torch.inference_mode()``, entering it only when the caller has not (a step
+    is a few hundred µs, and entering the mode again costs a few of them)."""
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return method(*args, **kwargs)
+        with torch.inference_mode():
+            return method(*args, **kwargs)
+
+    return wrapped
+
+
 class FastDecoder:
     """A decoder with its own cache: ``dec(idx, key_mask=None, position_ids=None) -> (B, V)``.
 
@@ -185,19 +200,12 @@ class FastDecoder:
 
         self._buffers = {1: _StepBuffers(B, 1, cfg, like)}         # per T: the step's buffers
         self._causal = None                                          # (max_len, max_len), on first T > 1
-        self._lock = threading.Lock()                                # one call at a time: see __call__
 
+    @one_thread_at_a_time
+    @in_inference_mode
     def __call__(self, idx: torch.Tensor, key_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The logits after the new tokens ``idx``; one thread at a time (a second call while one runs
-        raises RuntimeError). A call that raises leaves the cache as it was."""
-        with one_at_a_time(self._lock, "FastDecoder.__call__"):
-            if not torch.is_inference_mode_enabled():
-                with torch.inference_mode():
-                    return self._call(idx, key_mask, position_ids)
-            return self._call(idx, key_mask, position_ids)
-
-    def _call(self, idx, key_mask, position_ids) -> torch.Tensor:
+        """The logits after the new tokens ``idx`` (B, V). A call that raises leaves the cache as it was."""
         T = self._check(idx)
         if T <= MAX_STEP_TOKENS and key_mask is None and position_ids is None:
             return self._step(idx, every=False)
@@ -216,18 +224,13 @@ class FastDecoder:
                 and position_ids.device == self.kv.device
                 and 0 <= int(position_ids.min()) and int(position_ids.max()) < self.config.block_size)
 
+    @one_thread_at_a_time
+    @in_inference_mode
     def extend(self, idx: torch.Tensor) -> torch.Tensor:
         """Append ``idx`` (B, T) to the cache in one pass; (B, T, V): the logits after every new token.
 
-        The lean step for T <= ``MAX_STEP_TOKENS``, ``GPT.forward`` for longer chunks. One thread at a time.
+        The lean step for T <= ``MAX_STEP_TOKENS``, ``GPT.forward`` for longer chunks.
         """
-        with one_at_a_time(self._lock, "FastDecoder.extend"):
-            if not torch.is_inference_mode_enabled():
-                with torch.inference_mode():
-                    return self._extend(idx)
-            return self._extend(idx)
-
-    def _extend(self, idx: torch.Tensor) -> torch.Tensor:
         T = self._check(idx)
         if T <= MAX_STEP_TOKENS:
             return self._step(idx, every=True).view(self.batch_size, T, -1)

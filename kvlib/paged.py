@@ -244,6 +244,19 @@ class PagedKVCache:
     def blocks_needed(self, n_tokens: int) -> int:
         return ceil_div(check_int("n_tokens", n_tokens, 0), self.kv_block_size)
 
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def blocks_of(self, sid) -> list[int]:
+        """The blocks of sequence ``sid``, in order (a copy)."""
+        return list(self.table(sid).blocks)
+
+    def can_append(self, sids: list, new_tokens: list[list[int]]) -> bool:
+        """Whether the free blocks cover this batch's new tokens (copies on write included): the query
+        before ``forward``, so that a scheduler preempts before it asks for what the pool cannot give."""
+        return self._blocks_to_take(sids, new_tokens) <= self.pool.num_free
+
     def can_allocate(self, n_tokens: int) -> bool:
         """Whether a new sequence of ``n_tokens`` fits in the free blocks (prefix hits not counted on)."""
         return self.blocks_needed(n_tokens) <= self.pool.num_free

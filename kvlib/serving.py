@@ -10,15 +10,16 @@ a real poem), so the three ways do the same work and must write the same tokens.
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
-                     check_seed, check_weights, one_at_a_time)
+                     check_seed, check_weights)
+from .guards import all_or_nothing, one_thread_at_a_time
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
@@ -160,28 +161,16 @@ class Engine:
         self.running: list[RequestState] = []         # in admission order: the last is the newest
         self.finished: list[RequestState] = []
         self.history: list[StepRecord] = []
-        self._released: dict[int, list[int]] = {}
-        self._stepping = threading.Lock()
+        self.released: dict[int, list[int]] = {}      # blocks given back in the current step, per sequence
 
+    @one_thread_at_a_time
     def add(self, request: Request) -> None:
         """Queue a copy of the request (changing it afterwards changes nothing here); refused, and nothing queued,
         if it cannot fit the model or repeats an id."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be a kvlib.serving.Request, got {type(request).__name__}")
-        with one_at_a_time(self._stepping, "Engine.add"):
-            self._add(request)
-
-    def _add(self, request: Request) -> None:
         request.__post_init__()  # again: its fields may have been changed since it was made
-        cfg = self.model.config
-        total = len(request.prompt) + request.max_new_tokens
-        if total > cfg.block_size:
-            raise ValueError(f"request {request.id}: prompt ({len(request.prompt)} tokens) + max_new_tokens "
-                             f"({request.max_new_tokens}) = {total}; allowed is at most the model's block of "
-                             f"{cfg.block_size}")
-        if max(request.prompt) >= cfg.vocab_size:
-            raise ValueError(f"request {request.id}: prompt holds token id {max(request.prompt)}; allowed are ids "
-                             f"in [0, {cfg.vocab_size})")
+        check_fits(self.model.config, request, f"request {request.id}")
         if any(s.id == request.id for s in (*self.waiting, *self.running, *self.finished)):
             raise ValueError(f"request id {request.id} is already in this engine; ids must be unique")
         self.waiting.append(RequestState(replace(request, prompt=list(request.prompt))))
@@ -201,7 +190,7 @@ class Engine:
         finds blocks for its tokens with the watermark left free (no watermark when nothing runs).
         """
         admitted, budget, now = [], self.max_num_batched_tokens, self.clock.now()
-        free = self.cache.pool.num_free
+        free = self.cache.num_free_blocks
         for seq in self.waiting:
             if len(self.running) + len(admitted) >= self.max_num_seqs:
                 break
@@ -214,107 +203,117 @@ class Engine:
             budget, free = budget - n, free - blocks
         return admitted
 
-    def _release(self, sid: int) -> None:
-        self._released[sid] = list(self.cache.tables[sid].blocks)
-        self.cache.free(sid)
+    @one_thread_at_a_time
+    @all_or_nothing
+    @torch.inference_mode()
+    def step(self) -> StepRecord:
+        """One forward pass: schedule (admit and prefill the arrived, or decode the running, preempting the
+        newest while blocks are short), run the model on that batch, then postprocess (append each row's
+        token, retire the finished and give their blocks back)."""
+        if not self.has_work:
+            raise RuntimeError("Engine.step has no work: every request is finished (or none was added); "
+                               "check has_work first")
+        batch = self.schedule()
+        if batch.kind == "idle":
+            return self.record(batch, now=self.skip_to_next_arrival())
+        logits = self.cache._forward_own(self.model, [s.id for s in batch.seqs], batch.new_tokens, self.decoder)
+        return self.postprocess(batch, logits)
 
-    def _preempt_for_decode(self) -> list[int]:
+    def schedule(self) -> "Scheduled":
+        """What the next pass computes: a prefill of the admitted, else a decode of every running sequence."""
+        self.released = {}
+        admitted = self.plan_admission()
+        for _ in admitted:
+            self.waiting.popleft()
+        if admitted:
+            new = [seq.tokens[self.cache.add_sequence(seq.id, seq.tokens):] for seq in admitted]  # past prefix hits
+            return Scheduled("prefill", admitted, new, admitted=admitted)
+        if self.running:
+            preempted = self.preempt_for_decode()
+            return Scheduled("decode", self.running, [[s.last_token] for s in self.running], preempted=preempted)
+        return Scheduled("idle", [], [])  # nothing has arrived yet
+
+    def preempt_for_decode(self) -> list[int]:
+        """Preempt the newest running sequences, back to the head of the queue, until the decode's blocks are free."""
         preempted = []
-        # The blocks the decode's batch would take (PagedKVCache.batch's own count: a block shared by two of
-        # them is copied once), while more than are free.
-        while self.cache._blocks_to_take([s.id for s in self.running], [[0]] * len(self.running)) > \
-                self.cache.pool.num_free:
+        while not self.cache.can_append([s.id for s in self.running], [[0]] * len(self.running)):
             victim = self.running.pop()
-            self._release(victim.id)
+            self.release(victim.id)
             victim.state, victim.preemptions = "waiting", victim.preemptions + 1
             self.waiting.appendleft(victim)
             preempted.append(victim.id)
         return preempted
 
-    @torch.inference_mode()
-    def step(self) -> StepRecord:
-        """One forward pass (a prefill of the admitted, or a decode of the running); refused while another runs.
-
-        An Engine is not safe to share between threads: a second ``step`` while one runs raises
-        RuntimeError instead of corrupting the block tables.
-        """
-        if not self._stepping.acquire(blocking=False):
-            raise RuntimeError("Engine.step is already running (in another thread); an Engine is not "
-                               "thread-safe: give each thread its own, or step it from one thread")
-        try:
-            if not self.has_work:
-                raise RuntimeError("Engine.step has no work: every request is finished (or none was added); "
-                                   "check has_work first")
-            return self._step()
-        finally:
-            self._stepping.release()
-
-    def _step(self) -> StepRecord:
-        """One step, all or nothing: if it raises (a refusal, an interrupt), engine and cache are as before."""
-        before = [(s, s.state, s.preemptions, len(s.output), s.first_token, s.finish)
-                  for s in (*self.waiting, *self.running)]
-        queues = (deque(self.waiting), list(self.running), len(self.finished), len(self.history), self._released)
-        try:
-            with self.cache.transaction():
-                return self._schedule_and_run()
-        except BaseException:
-            for seq, state, preemptions, n_out, first, finish in before:
-                seq.state, seq.preemptions, seq.first_token, seq.finish = state, preemptions, first, finish
-                del seq.output[n_out:]
-            self.waiting, self.running, n_finished, n_history, self._released = queues
-            del self.finished[n_finished:], self.history[n_history:]
-            raise
-
-    def _schedule_and_run(self) -> StepRecord:
-        self._released = {}
-        admitted = self.plan_admission()
-        for _ in admitted:
-            self.waiting.popleft()
-        preempted, computed = [], 0
-        if admitted:
-            kind, seqs, new = "prefill", admitted, []
-            for seq in admitted:
-                cached = self.cache.add_sequence(seq.id, seq.tokens)
-                new.append(seq.tokens[cached:])
-        elif self.running:
-            kind = "decode"
-            preempted = self._preempt_for_decode()
-            seqs, new = self.running, [[s.last_token] for s in self.running]
-        else:  # nothing has arrived yet: skip ahead to the next arrival
-            arrival = self.waiting[0].request.arrival
-            self.clock.wait_until(arrival)
-            if (now := self.clock.now()) < arrival:
-                raise RuntimeError(f"the clock stood still: after wait_until({arrival:g}) its now() is {now:g}, so "
-                                   f"the engine would wait forever; a clock's wait_until(t) must bring now() to t")
-            record = StepRecord("idle", now, [])
-            self.history.append(record)
-            return record
-        logits = self.cache._forward_own(self.model, [s.id for s in seqs], new, self.decoder)
-        if kind == "prefill":
-            for seq in admitted:
+    def postprocess(self, batch: "Scheduled", logits: torch.Tensor) -> StepRecord:
+        """Each row's greedy token appended; finished sequences retired, their blocks back in the pool."""
+        if batch.kind == "prefill":
+            for seq in batch.admitted:
                 seq.state = "running"
-            self.running.extend(admitted)
-        computed = sum(len(t) for t in new)
+            self.running.extend(batch.admitted)
         # What the pass held, read before finished sequences give their blocks back (as a static batch counts
         # its rows on the step that finishes them).
         used, stored = self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens()
         now = self.clock.now()
-        retired = []
-        for seq, token in zip(seqs, first_maximum(logits).tolist()):
+        for seq, token in zip(batch.seqs, first_maximum(logits).tolist()):
             seq.output.append(token)
             if seq.first_token is None:
                 seq.first_token = now
             if seq.done:
                 seq.state, seq.finish = "finished", now
-                self._release(seq.id)
-                retired.append(seq.id)
-        if retired:
+                self.release(seq.id)
+                batch.retired.append(seq.id)
+        if batch.retired:
             self.finished.extend(s for s in self.running if s.state == "finished")
             self.running = [s for s in self.running if s.state == "running"]
-        record = StepRecord(kind, now, [s.id for s in self.running], [s.id for s in admitted], retired, preempted,
-                            computed, used, stored, self._released)
+        return self.record(batch, now, sum(len(t) for t in batch.new_tokens), used, stored)
+
+    def release(self, sid: int) -> None:
+        """Give sequence ``sid``'s blocks back to the pool (noted in this step's record)."""
+        self.released[sid] = self.cache.blocks_of(sid)
+        self.cache.free(sid)
+
+    def skip_to_next_arrival(self) -> float:
+        arrival = self.waiting[0].request.arrival
+        self.clock.wait_until(arrival)
+        if (now := self.clock.now()) < arrival:
+            raise RuntimeError(f"the clock stood still: after wait_until({arrival:g}) its now() is {now:g}, so "
+                               f"the engine would wait forever; a clock's wait_until(t) must bring now() to t")
+        return now
+
+    def record(self, batch: "Scheduled", now: float, computed: int = 0, used: int = 0, stored: int = 0) -> StepRecord:
+        record = StepRecord(batch.kind, now, [s.id for s in self.running], [s.id for s in batch.admitted],
+                            batch.retired, batch.preempted, computed, used, stored, self.released)
         self.history.append(record)
         return record
+
+    @contextmanager
+    def rollback_point(self):
+        """What a step changes, put back if it raises (a refusal, an interrupt): every request's state and
+        output, the queues, the history, and the cache (its own transaction)."""
+        before = [(s, s.state, s.preemptions, len(s.output), s.first_token, s.finish)
+                  for s in (*self.waiting, *self.running)]
+        queues = (deque(self.waiting), list(self.running), len(self.finished), len(self.history), self.released)
+        try:
+            with self.cache.transaction():
+                yield
+        except BaseException:
+            for seq, state, preemptions, n_out, first, finish in before:
+                seq.state, seq.preemptions, seq.first_token, seq.finish = state, preemptions, first, finish
+                del seq.output[n_out:]
+            self.waiting, self.running, n_finished, n_history, self.released = queues
+            del self.finished[n_finished:], self.history[n_history:]
+            raise
+
+
+@dataclass
+class Scheduled:
+    """One step's plan: which sequences go through the model, with which new tokens."""
+    kind: str                                  # "prefill", "decode" or "idle"
+    seqs: list[RequestState]
+    new_tokens: list[list[int]]
+    admitted: list[RequestState] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    retired: list[int] = field(default_factory=list)   # filled in by postprocess
 
 
 @dataclass
@@ -373,17 +372,15 @@ def check_requests(requests) -> list[Request]:
     return requests
 
 
-def _check_fits(model, requests: list[Request]) -> None:
-    """Every request fits the model's block and vocabulary (what Engine.add checks, for the static runs)."""
-    cfg = model.config
-    for i, r in enumerate(requests):
-        total = len(r.prompt) + r.max_new_tokens
-        if total > cfg.block_size:
-            raise ValueError(f"requests[{i}] (id {r.id}): prompt ({len(r.prompt)} tokens) + max_new_tokens "
-                             f"({r.max_new_tokens}) = {total}; allowed is at most the model's block of {cfg.block_size}")
-        if max(r.prompt) >= cfg.vocab_size:
-            raise ValueError(f"requests[{i}] (id {r.id}): prompt holds token id {max(r.prompt)}; allowed are ids "
-                             f"in [0, {cfg.vocab_size})")
+def check_fits(config, request: Request, what: str) -> None:
+    """The request fits the model: its prompt and answer in the block, its token ids in the vocabulary."""
+    total = len(request.prompt) + request.max_new_tokens
+    if total > config.block_size:
+        raise ValueError(f"{what}: prompt ({len(request.prompt)} tokens) + max_new_tokens ({request.max_new_tokens}) "
+                         f"= {total}; allowed is at most the model's block of {config.block_size}")
+    if max(request.prompt) >= config.vocab_size:
+        raise ValueError(f"{what}: prompt holds token id {max(request.prompt)}; allowed are ids "
+                         f"in [0, {config.vocab_size})")
 
 
 def _result(name: str, requests: list[Request]) -> RunResult:
@@ -469,7 +466,8 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
     """
     check_model(model)
     requests = check_requests(requests)
-    _check_fits(model, requests)
+    for i, r in enumerate(requests):
+        check_fits(model.config, r, f"requests[{i}] (id {r.id})")
     batch_size = check_int("batch_size", batch_size, 1)
     check_choice("decoder", decoder, tuple(DECODERS))
     clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
@@ -487,7 +485,7 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
 def _fits_together(batch: list[Request], block_size: int) -> bool:
     """Whether one padded batch writes every answer: its prompts are padded to the longest, and the batch runs
     until its longest answer is written (the last token never fed back). One request alone always fits
-    (``_check_fits``); the next one that would not waits for the next batch."""
+    (``check_fits``); the next one that would not waits for the next batch."""
     return max(len(r.prompt) for r in batch) + max(r.max_new_tokens for r in batch) - 1 <= block_size
 
 

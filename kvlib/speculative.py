@@ -24,16 +24,17 @@ Batch size 1: in a batch, rows accept different numbers of tokens and their cach
 """
 from __future__ import annotations
 
-import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
-                     check_logits, check_model, check_multi_head, check_real, check_sampling, one_at_a_time)
+                     check_logits, check_model, check_multi_head, check_real, check_sampling)
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
+from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT, weights_key
 from .sampling import first_maximum, probabilities
 
@@ -417,7 +418,6 @@ class SpeculativeDecoder:
                              f"the target's tokenizer")
         block = model.config.block_size
         self.gamma = check_int("gamma", gamma, 1, block, f"an int in [1, {block}] (the model's block size at most)")
-        self._lock = threading.Lock()
         self.model, self.draft, self.generator, self.eos_id = model, draft, generator, eos_id
         self.prompt_length = idx.shape[1]
         self.tokens: list[int] = idx[0].tolist()
@@ -438,23 +438,30 @@ class SpeculativeDecoder:
     def done(self) -> bool:
         return self.stop_reason is not None
 
+    @contextmanager
+    def rollback_point(self):
+        """What a round changes, put back if it raises: the tokens, the rounds, the target's cache, the generator."""
+        n_tokens, n_rounds, length = len(self.tokens), len(self.rounds), self.target.cache.length
+        state = self.generator.get_state() if self.generator is not None else None
+        stop, finished = self.stop_reason, self.finished
+        try:
+            yield
+        except BaseException:
+            del self.tokens[n_tokens:], self.rounds[n_rounds:]
+            self.stop_reason, self.finished = stop, finished
+            if self.target.cache.length > length:
+                self.target.cache.truncate(length)
+            if state is not None:
+                self.generator.set_state(state)
+            raise
+
+    @one_thread_at_a_time
+    @all_or_nothing
     @torch.inference_mode()
     def round(self) -> Round:
-        """One round; near the end of ``max_new_tokens`` or the block, fewer than ``gamma`` guesses are
-        asked for (only those that can still be written). All or nothing: a round that raises leaves the
-        tokens, the rounds, the target's cache and the generator as they were. One thread at a time."""
-        with one_at_a_time(self._lock, "SpeculativeDecoder.round"):
-            length = self.target.cache.length
-            state = self.generator.get_state() if self.generator is not None else None
-            try:
-                return self._round()
-            except BaseException:
-                self.target.cache.truncate(length) if self.target.cache.length > length else None
-                if state is not None:
-                    self.generator.set_state(state)
-                raise
-
-    def _round(self) -> Round:
+        """One round: the draft guesses, the target checks every guess in one pass, the longest agreeing run is
+        kept plus one token of the target's own. Near the end of ``max_new_tokens`` or the block, fewer than
+        ``gamma`` guesses are asked for (only those that can still be written)."""
         if self.done:
             raise RuntimeError(f"decoding has stopped ({self.stop_reason}): start a new SpeculativeDecoder")
         N = len(self.tokens)

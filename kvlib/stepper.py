@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from .checks import (ContextLimitError, check_int, check_multi_head, check_pair, check_sampling, check_seed, check_text,
-                     one_at_a_time)
+from .checks import ContextLimitError, check_int, check_multi_head, check_pair, check_sampling, check_seed, check_text
 from .decoding import check_cache
+from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT
 from .sampling import probabilities, sample_next
 from .poems import encode_prompt, without_unk
@@ -112,7 +113,6 @@ class CacheStepper:
         self.prompt = prompt
         self.prompt_ids = encode_prompt(tokenizer, prompt)  # the poem separator, then the prompt
         self.seed = check_seed(seed)
-        self._lock = threading.Lock()
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.top = check_int("top", top, 1, tokenizer.vocab_size)
         self.max_len = check_int("max_len", model.config.block_size if max_len is None else max_len, 1,
@@ -124,12 +124,9 @@ class CacheStepper:
 
     # ---- decoding ---------------------------------------------------------------------------
 
+    @one_thread_at_a_time
     def reset(self) -> None:
-        """Empty the cache, reseed the generator and prefill the prompt again (one thread at a time)."""
-        with one_at_a_time(self._lock, "CacheStepper.reset"):
-            self._reset()
-
-    def _reset(self) -> None:
+        """Empty the cache, reseed the generator and prefill the prompt again."""
         self.generator = torch.Generator().manual_seed(self.seed)
         self.cache = self.model.new_cache(1, self.max_len)
         self.tokens = list(self.prompt_ids)
@@ -144,6 +141,7 @@ class CacheStepper:
         """(temperature, top_k, top_p) that the next step draws with."""
         return self.temperature, self.top_k, self.top_p
 
+    @one_thread_at_a_time
     def set_sampling(self, temperature: float | None = None, top_k=_KEEP, top_p=_KEEP) -> None:
         """New sampler settings from the next step on; the steps taken so far stay as they were.
 
@@ -155,40 +153,38 @@ class CacheStepper:
         top_k = self.top_k if top_k is _KEEP else top_k
         top_p = self.top_p if top_p is _KEEP else top_p
         settings = check_sampling(temperature, top_k, top_p)
-        with one_at_a_time(self._lock, "CacheStepper.set_sampling"):
-            shown = probabilities(self.logits, *settings)[0] if self.steps == 0 else None
-            self.temperature, self.top_k, self.top_p = settings
-            if shown is not None:
-                self._shown, self._shown_settings = shown, settings
+        shown = probabilities(self.logits, *settings)[0] if self.steps == 0 else None
+        self.temperature, self.top_k, self.top_p = settings
+        if shown is not None:
+            self._shown, self._shown_settings = shown, settings
 
     @property
     def can_step(self) -> bool:
         """False once every slot of the cache is written: the next token would have nowhere to go."""
         return self.cache.length < self.cache.max_len
 
+    @contextmanager
+    def rollback_point(self):
+        """What a step changes before it is done, put back if it raises: the generator's state (the cache
+        advances only once every layer has written, and the text only at the end)."""
+        before = self.generator.get_state()
+        try:
+            yield
+        except BaseException:
+            self.generator.set_state(before)
+            raise
+
+    @one_thread_at_a_time
+    @all_or_nothing
     def step(self) -> int:
-        """Draw the next token from the current logits, feed it through the cache; return its id.
-
-        All or nothing: if the step is interrupted (Ctrl-C, an error), the text, the cache and the
-        generator are as they were before it, so the next step draws the same token. One thread at a
-        time: a second thread's step while one runs raises RuntimeError.
-        """
-        with one_at_a_time(self._lock, "CacheStepper.step"):
-            return self._step()
-
-    def _step(self) -> int:
+        """Draw the next token from the current logits, feed it through the cache; return its id."""
         check_cache(self.model, self.cache)  # the model may have been converted (model.double()) since
         if not self.can_step:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
         drawn_from, settings = self._display_probs(self.logits), self.settings
-        before = self.generator.get_state()
-        try:
-            nxt = int(sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator))
-            self._feed([nxt])  # advances cache.length only once every layer has written
-        except BaseException:
-            self.generator.set_state(before)
-            raise
+        nxt = int(sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator))
+        self._feed([nxt])  # advances cache.length only once every layer has written
         self._shown, self._shown_settings, self.chosen = drawn_from, settings, nxt
         self.tokens.append(nxt)
         self.steps += 1

@@ -785,29 +785,44 @@ def _second_thread_is_refused(obj, inner: str, call_first, call_second, match: s
 
 def test_two_threads_on_one_speculative_decoder_are_refused(world):
     d = spec(world, max_new_tokens=8)
-    _second_thread_is_refused(d, "_round", d.round, d.round, "SpeculativeDecoder.round is already running")
+    _second_thread_is_refused(d.target, "extend", d.round, d.round, "SpeculativeDecoder.round")
 
 
 def test_two_threads_on_one_cache_stepper_are_refused(world):
     s = stepper(world)
-    _second_thread_is_refused(s, "_step", s.step, s.step, "CacheStepper.step is already running")
-    _second_thread_is_refused(s, "_step", s.step, lambda: s.set_sampling(0.5), "CacheStepper.set_sampling is already")
-    _second_thread_is_refused(s, "_step", s.step, s.reset, "CacheStepper.reset is already running")
+    _second_thread_is_refused(s, "_feed", s.step, s.step, "CacheStepper.step")
+    _second_thread_is_refused(s, "_feed", s.step, lambda: s.set_sampling(0.5), "CacheStepper.set_sampling")
+    _second_thread_is_refused(s, "_feed", s.step, s.reset, "CacheStepper.reset")
 
 
 def test_two_threads_on_one_fast_decoder_are_refused(world):
     d = FastDecoder(world.model, 1, 16)
     d(torch.tensor([[1, 2]]))
-    _second_thread_is_refused(d, "_call", lambda: d(torch.tensor([[3]])), lambda: d(torch.tensor([[4]])),
-                              "FastDecoder.__call__ is already running")
-    _second_thread_is_refused(d, "_extend", lambda: d.extend(torch.tensor([[3, 4]])), lambda: d.extend(torch.tensor([[5]])),
-                              "FastDecoder.extend is already running")
+    _second_thread_is_refused(d, "_check", lambda: d(torch.tensor([[3]])), lambda: d(torch.tensor([[4]])),
+                              "FastDecoder.__call__")
+    _second_thread_is_refused(d, "_check", lambda: d.extend(torch.tensor([[3, 4]])), lambda: d.extend(torch.tensor([[5]])),
+                              "FastDecoder.extend")
 
 
 def test_two_threads_adding_to_one_engine_are_refused(world):
     e = engine(world)
     e.add(Request(0, [1, 2], 3))
-    _second_thread_is_refused(e, "_step", e.step, lambda: e.add(Request(1, [1], 1)), "is already running")
+    _second_thread_is_refused(e, "schedule", e.step, lambda: e.add(Request(1, [1], 1)), "Engine.add")
+
+
+def test_a_guarded_method_may_call_another_of_the_same_object_in_one_thread():
+    from kvlib.guards import one_thread_at_a_time
+
+    class Twice:
+        @one_thread_at_a_time
+        def outer(self):
+            return self.inner() + 1
+
+        @one_thread_at_a_time
+        def inner(self):
+            return 1
+
+    assert Twice().outer() == 2
 
 
 # ---- the count ----------------------------------------------------------------------------------

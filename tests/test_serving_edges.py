@@ -68,14 +68,14 @@ def test_two_threads_stepping_one_engine_are_refused_clearly(tiny_gpt):
     for i in range(4):
         engine.add(Request(i, [1, 2, 3], 8))
     errors, inside = [], threading.Event()
-    original = engine._step
+    original = engine.schedule
 
-    def slow_step():
+    def slow_schedule():
         inside.set()
         threading.Event().wait(0.3)
         return original()
 
-    engine._step = slow_step
+    engine.schedule = slow_schedule
     worker = threading.Thread(target=engine.step)
     worker.start()
     inside.wait(5)
@@ -84,7 +84,7 @@ def test_two_threads_stepping_one_engine_are_refused_clearly(tiny_gpt):
     except RuntimeError as e:
         errors.append(str(e))
     worker.join()
-    assert errors and "not thread-safe" in errors[0]
+    assert errors and "Engine.step" in errors[0] and "not thread-safe" in errors[0]
 
 
 def test_the_paged_cache_names_an_unknown_sequence_and_a_bad_batch(tiny_gpt):

@@ -166,7 +166,7 @@ def test_a_correct_top_p_passes_in_either_precision_and_any_order_of_ties(name, 
 
 
 def test_the_top_p_check_keeps_its_values_of_p_away_from_every_boundary():
-    from kvlib.notebook.exercises import TOP_P_SETTINGS, _filter_cases
+    from kvlib.notebook.exercises.sampling import TOP_P_SETTINGS, _filter_cases
 
     for case, scores in _filter_cases().items():
         for row in scores:
@@ -728,7 +728,7 @@ def test_second_readings_slips_get_their_own_hints(shipped_char, bpe_tokenizer, 
 
 def test_a_loop_that_parts_from_generate_only_at_a_near_tie_passes(shipped_char, capsys, monkeypatch):
     """Rounding may flip a near-tie on another machine: the check excuses that, and nothing wider."""
-    from kvlib.notebook import exercises
+    from kvlib.notebook.exercises import kv_cache
 
     model, tok = shipped_char
 
@@ -744,7 +744,7 @@ def test_a_loop_that_parts_from_generate_only_at_a_near_tie_passes(shipped_char,
 
     assert not check_cached_greedy(runner_up_at_step_2, model, tok, n_new=6)  # at atol 1e-4: a real difference
     assert "differ from step 2" in capsys.readouterr().out
-    real = exercises.greedy_agreement
-    monkeypatch.setattr(exercises, "greedy_agreement", lambda *a: real(*a, atol=100.0))  # every parting a near-tie
+    real = kv_cache.greedy_agreement
+    monkeypatch.setattr(kv_cache, "greedy_agreement", lambda *a: real(*a, atol=100.0))  # every parting a near-tie
     assert check_cached_greedy(runner_up_at_step_2, model, tok, n_new=6)
     assert capsys.readouterr().out.count("near-tie") == 3

@@ -1,10 +1,11 @@
-"""Putting results on screen: messages, HTML bars, and a live widget that carries its static copy.
+"""Putting results on screen: messages, HTML bars, and a live widget followed by its static copy.
 
 Shared by the widgets of every notebook, so that the same mistake gets the same message everywhere.
 Live charts are HTML drawn by the browser (crisp at any zoom, no image to encode); a widget is
-displayed through :class:`LiveWidget`, whose output also holds a static HTML copy of its current
-state: JupyterLab shows the live widget, a reader without a kernel (GitHub, nbviewer) sees the copy,
-and never both at once.
+displayed through :class:`LiveWidget`: the live widget, then, as an ordinary HTML output of its own,
+a static copy of its current state. A reader without a kernel or without widget scripts (an HTML
+export, nbviewer, GitHub) sees the copy; in JupyterLab the classroom CSS hides the copy under a
+widget that was drawn, so the two never show at once.
 
 Every widget fits any width from about 800 px (JupyterLab with its file browser open, or zoomed to
 150 %) to 1920 px: rows of controls wrap onto more lines, widths are ``max-width`` / ``flex`` /
@@ -247,17 +248,29 @@ def step_buttons(label: str = "Step"):
 
 
 STATIC_NOTE = "A static copy of the widget in its default state: run the notebook to use it live."
+LIVE_NOTE = "A live widget: run the notebook to use it."
+STATIC_CLASS = "kvlib-static-copy"  # the classroom CSS hides this output under a drawn widget
 
 
 class LiveWidget:
-    """Displays ``widget`` live, with ``static_html`` as what renderers without widgets show instead."""
+    """Displays ``widget`` live and, as a separate output right under it, ``static_html`` as its static copy.
+
+    Its own representation (``_repr_mimebundle_``) is the static copy alone: what any renderer can show.
+    """
 
     def __init__(self, widget, static_html: str):
         self.widget, self.static_html = widget, static_html
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
-        bundle["text/html"] = (f'<div style="{FONT};max-width:100%;overflow-wrap:anywhere">'
-                               f'<p style="{FONT};color:#666;margin:0 0 6px 0">{html.escape(STATIC_NOTE)}</p>'
-                               f"{self.static_html}</div>")
-        return bundle
+        """The static copy: HTML under :data:`STATIC_NOTE`, and that note as plain text."""
+        return {"text/html": f'<div class="{STATIC_CLASS}" style="{FONT};max-width:100%;overflow-wrap:anywhere">'
+                             f'<p style="{FONT};color:#666;margin:0 0 6px 0">{html.escape(STATIC_NOTE)}</p>'
+                             f"{self.static_html}</div>",
+                "text/plain": STATIC_NOTE}
+
+    def _ipython_display_(self):
+        """Two outputs: the widget view (with :data:`LIVE_NOTE` as its text), then the static copy."""
+        from IPython.display import display as ipython_display
+
+        live = {**self.widget._repr_mimebundle_(), "text/plain": LIVE_NOTE}
+        ipython_display(live, self._repr_mimebundle_(), raw=True)

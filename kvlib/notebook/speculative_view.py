@@ -192,5 +192,5 @@ class SpeculativeView:
             self.fail(error_message(err))
 
     def show(self) -> None:
-        """The live widget, carrying a static HTML copy of its current state for readers without a kernel."""
+        """The live widget, followed by a static HTML copy of its current state for readers without a kernel."""
         display(LiveWidget(self.widget, self.html()))

@@ -45,12 +45,18 @@ def test_prompt_box_redraws_on_new_values(char):
     assert box.view.ok and box.chart.value.count("%</span>") == 12
 
 
-def test_prompt_box_output_carries_a_static_copy(char):
+def test_prompt_box_output_is_followed_by_a_static_copy(char, monkeypatch):
+    """Two outputs: the widget view, then the static copy as plain HTML that any renderer shows."""
     model, tok = char
     box = next_character.PromptBox(model, tok, "春风", k=8)
-    bundle = show.LiveWidget(box.widget, box.html())._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert show.STATIC_NOTE in bundle["text/html"] and box.html() in bundle["text/html"]
+    published = []
+    monkeypatch.setattr("IPython.display.display", lambda *bundles, raw: published.extend(bundles))
+    show.LiveWidget(box.widget, box.html())._ipython_display_()
+    live, static = published
+    assert set(live) == {"application/vnd.jupyter.widget-view+json", "text/plain"}
+    assert live["text/plain"] == show.LIVE_NOTE
+    assert set(static) == {"text/html", "text/plain"} and static["text/plain"] == show.STATIC_NOTE
+    assert show.STATIC_CLASS in static["text/html"] and box.html() in static["text/html"]
 
 
 def test_prompt_box_empty_prompt_is_a_poem_start(char):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
 
 import torch
 
@@ -172,30 +171,6 @@ def check_token_lists(prompts, pad_id) -> list[list[int]]:
                 raise ValueError(f"prompt {i}, token {j} must be a token id (an int >= 0), got {t!r}")
         out.append([int(t) for t in p])
     return out
-
-
-_FINITE_STATES = weakref.WeakKeyDictionary()  # model -> the weights' (id, version) when last found finite
-
-
-def check_weights(model) -> None:
-    """Every parameter and buffer of ``model`` is finite; the first one that is not is named.
-
-    The scan runs once per state of the weights: in-place writes (an optimiser step,
-    ``load_state_dict``, an edit under ``no_grad``) bump a tensor's version counter and so rescan.
-    """
-    from .model import weights_key  # model.py imports this module: the import waits until the call
-
-    named = [*model.named_parameters(), *model.named_buffers()]
-    state = weights_key(model)
-    if _FINITE_STATES.get(model) == state:
-        return
-    for name, t in named:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise ValueError(f"model weight {name} holds {bad} non-finite value(s) (NaN or inf) of "
-                             f"{t.numel()}: the model cannot produce meaningful logits; allowed are finite weights "
-                             f"(reload the checkpoint, or retrain with a lower learning rate)")
-    _FINITE_STATES[model] = state
 
 
 def check_model(model) -> None:
@@ -553,12 +528,3 @@ def check_id_tensor(idx, vocab_size: int, *, batch: int | None = None, room: int
     if room is not None and idx.shape[1] > room:
         raise ContextLimitError(f"{name} has {idx.shape[1]} tokens; room is left for {room}")
     return idx
-
-
-def check_gpt(model) -> None:
-    """A kvlib GPT itself (its modules are read, not only called), with finite weights."""
-    from .model import GPT  # model.py imports this module: the import waits until the call
-
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
-    check_weights(model)

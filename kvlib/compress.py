@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import torch
 
-from .checks import check_gpt, check_int, check_multi_head
-from .model import GPT, GPTConfig
+from .checks import check_int, check_multi_head
+from .model import GPT, GPTConfig, check_gpt
 
 __all__ = ["grouped", "latent"]
 

@@ -12,11 +12,12 @@ import torch
 
 import inspect
 
-from .checks import (ContextLimitError, check_cache_made_for, check_generator, check_gpt, check_int, check_logits,
-                     check_model, check_prompt, check_sampling, check_token_lists, check_weights)
+from .checks import (ContextLimitError, check_cache_made_for, check_generator, check_int, check_logits,
+                     check_model, check_prompt, check_sampling, check_token_lists)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
-from .model import GPT, Cache
+from .model import GPT, Cache, check_gpt
+from .weights import check_weights
 from .sampling import sample_next_unchecked
 
 # ---- input checks of this module ------------------------------------------------------------

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 
 from .checks import ContextLimitError, check_int, check_model, check_multi_head
 from .guards import one_thread_at_a_time
-from .model import GPT, KVCache, attention_mask, weights_key
+from .model import GPT, KVCache, attention_mask
+from .weights import weights_key
 
 __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additive_mask", "head_logits", "run_blocks",
            "step_weights"]
@@ -137,7 +138,7 @@ _lock = threading.Lock()
 
 def step_weights(model: GPT) -> StepWeights:
     """The model's :class:`StepWeights`, rebuilt only when a weight is new or was written to
-    (:func:`kvlib.model.weights_key`)."""
+    (:func:`kvlib.weights.weights_key`)."""
     state = weights_key(model)
     with _lock:
         hit = _built.get(model)

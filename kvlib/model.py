@@ -8,7 +8,6 @@ Input checks live in :mod:`kvlib.checks`, so that what is left here is the arith
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Protocol, runtime_checkable
 from dataclasses import asdict, dataclass
 
@@ -17,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checks import check_cache_shape, check_config, check_forward_inputs, check_int
+from .weights import check_weights
 
 
 @dataclass(frozen=True)
@@ -88,37 +88,6 @@ class Cache(Protocol):
     def advance(self, n: int) -> None: ...
 
     def truncate(self, n: int) -> None: ...
-
-
-def weights_key(module: nn.Module) -> tuple:
-    """What changes when any weight of ``module`` does: each parameter's and buffer's identity, version and memory.
-
-    ``tensor._version`` counts in-place writes (an optimiser step, ``load_state_dict``, ``mul_`` under
-    ``no_grad``); ``id`` changes when a tensor is replaced, its memory when ``model.double()`` or ``.to``
-    converts it in place. Anything computed from the weights (the fast path's copies, the finite-weights
-    check) is stale when this key changes. Writes through ``.data`` are the one blind spot: PyTorch does
-    not count them, so edit weights under ``torch.no_grad()`` instead. The list of tensors is
-    kept between calls (walking the module tree costs more than a decode step's bookkeeping) and
-    walked again whenever any module anywhere gains or replaces a parameter, buffer or submodule.
-    """
-    hit = _weights.get(module)
-    if hit is None or hit[0] != _registrations[0]:
-        hit = _weights[module] = (_registrations[0], (*module.parameters(), *module.buffers()))
-    return tuple((id(t), t._version, t.data_ptr()) for t in hit[1])
-
-
-_weights: "weakref.WeakKeyDictionary[nn.Module, tuple[int, tuple]]" = weakref.WeakKeyDictionary()
-_registrations = [0]  # bumped by every parameter, buffer or submodule registration, in any module
-
-
-def _registered(*args) -> None:
-    _registrations[0] += 1
-
-
-for _hook in (nn.modules.module.register_module_parameter_registration_hook,
-              nn.modules.module.register_module_buffer_registration_hook,
-              nn.modules.module.register_module_module_registration_hook):
-    _hook(_registered)
 
 
 def check_truncate(cache, n) -> int:
@@ -396,3 +365,10 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+
+def check_gpt(model) -> None:
+    """A kvlib GPT itself (its modules are read, not only called), with finite weights."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
+    check_weights(model)

@@ -17,9 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import check_gpt, check_id_tensor, check_tensor
+from .checks import check_id_tensor, check_tensor
 from .decoding import CacheDecoder, check_cache
-from .model import GPT
+from .model import GPT, check_gpt
 
 __all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
 

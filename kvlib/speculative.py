@@ -35,7 +35,8 @@ from .checks import (ContextLimitError, check_bool, check_choice, check_generato
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .guards import all_or_nothing, one_thread_at_a_time
-from .model import GPT, weights_key
+from .model import GPT
+from .weights import weights_key
 from .sampling import first_maximum, probabilities
 
 __all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sampled",

@@ -227,7 +227,7 @@ def test_left_padded_batch_decodes_with_the_cache_like_each_row_alone(model):
 def test_the_weights_key_changes_with_every_kind_of_weight_change(tiny_gpt):
     import copy
 
-    from kvlib.model import weights_key
+    from kvlib.weights import weights_key
 
     model = copy.deepcopy(tiny_gpt)
     key = weights_key(model)

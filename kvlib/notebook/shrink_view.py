@@ -10,7 +10,8 @@ from dataclasses import asdict
 
 import torch
 
-from ..checks import check_gpt, check_pair
+from ..checks import check_pair
+from ..model import check_gpt
 from ..decoding import cache_decoder, generate
 from ..poems import encode_prompt, no_unk
 from ..tokenizer import UnknownCharacterError, decode_complete

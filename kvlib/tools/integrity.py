@@ -194,8 +194,9 @@ def record(*paths: str | os.PathLike, data_dir: Path = DATA_DIR) -> None:
 
 
 def is_inside(path: Path, folder: Path) -> bool:
-    """Whether ``path``, with every ``..`` and symlink resolved, lies inside ``folder``."""
-    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+    """Whether ``path`` names a place inside ``folder`` once its ``..`` are worked out (a name, not where a
+    symlink there points: that is the regular-file check's business)."""
+    return Path(os.path.normpath(os.path.abspath(path))).is_relative_to(os.path.normpath(os.path.abspath(folder)))
 
 
 def verified_path(name: str, data_dir: Path = DATA_DIR) -> Path:

@@ -130,8 +130,11 @@ def test_load_text_refuses_a_missing_corpus(data_copy):
 
 def test_load_text_refuses_a_file_the_manifest_does_not_list(tmp_path):
     shutil.copyfile(DATA_DIR / data.CORPUS_FILE, tmp_path / data.CORPUS_FILE)
+    with pytest.raises(IntegrityError, match=r"no MANIFEST\.json, so tang\.txt\.xz"):
+        data.load_text(data_dir=tmp_path)                  # no manifest at all: named as such
+    (tmp_path / MANIFEST_NAME).write_text("{}", encoding="utf-8")
     with pytest.raises(IntegrityError, match=r"tang\.txt\.xz.*not listed"):
-        data.load_text(data_dir=tmp_path)
+        data.load_text(data_dir=tmp_path)                  # a manifest without the file
 
 
 def test_load_text_checks_the_text_inside_against_the_info_file(data_copy):

@@ -298,3 +298,5 @@ def test_the_wheel_carries_the_data_and_the_classroom_css():
     packages = {("kvlib.data" + ("" if f == "." else "." + f.replace("/", "."))) for f in folders}
     assert packages <= set(tool["packages"]) and all(tool["package-data"][p] == ["*"] for p in packages)
     assert "kvlib.notebook.jupyterlab" in tool["packages"]
+    code = {".".join(p.parent.relative_to(ROOT).parts) for p in KVLIB.rglob("*.py") if "__pycache__" not in p.parts}
+    assert code <= set(tool["packages"]), f"packages a wheel would leave out: {sorted(code - set(tool['packages']))}"

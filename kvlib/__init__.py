@@ -13,7 +13,8 @@ from .decoding import GenerationResult, cache_decoder, generate, generate_uncach
 from .evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from .fast import FastDecoder
 from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
-from .paged import BlockPool, PagedKVCache
+from .blocks import BlockManager
+from .paged import KVPool, PagedKVCache
 from .quantized import QuantizedKVCache
 from .sampling import apply_temperature, probabilities, sample_next, top_k_filter, top_p_filter
 from .serving import Engine, Request
@@ -34,6 +35,6 @@ __all__ = [
     "verify_cache", "check_batch_consistency", "CacheReport",
     "encode_prompt", "next_token_probs", "top_next", "write",
     "CacheStepper",
-    "PagedKVCache", "BlockPool", "verify_paged", "Engine", "Request",
+    "PagedKVCache", "BlockManager", "KVPool", "verify_paged", "Engine", "Request",
     "QuantizedKVCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "cache_decoder",
 ]

@@ -358,7 +358,7 @@ class PagedStep:
 
     ``step(model, kv_pool, idx, position_ids, read_slots, key_mask, new_rows, write_slots) -> (B, V)``:
     ``idx`` and ``position_ids`` (B, T) hold each row's new tokens, left-padded; the pool's keys and
-    values, (L, slots, 2, H, D), are :class:`kvlib.paged.BlockPool`'s. Row ``b`` attends to the slots
+    values, (L, slots, 2, H, D), are :class:`kvlib.paged.KVPool`'s. Row ``b`` attends to the slots
     ``read_slots[b]`` (S of them, right-aligned, its new tokens last; ``key_mask`` hides the columns
     left of its own). The real new tokens are the rows ``new_rows`` of the (B * T) new ones (None
     when T = 1: all of them), and their keys and values go to ``write_slots``. The logits of each

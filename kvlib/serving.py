@@ -217,7 +217,7 @@ class Engine:
         batch = self.schedule()
         if batch.kind == "idle":
             return self.record(batch, now=self.skip_to_next_arrival())
-        logits = self.cache._forward_own(self.model, [s.id for s in batch.seqs], batch.new_tokens, self.decoder)
+        logits = self.cache.forward(self.model, [s.id for s in batch.seqs], batch.new_tokens, self.decoder)
         return self.postprocess(batch, logits)
 
     def schedule(self) -> "Scheduled":
@@ -270,7 +270,7 @@ class Engine:
 
     def release(self, sid: int) -> None:
         """Give sequence ``sid``'s blocks back to the pool (noted in this step's record)."""
-        self.released[sid] = self.cache.blocks_of(sid)
+        self.released[sid] = self.cache.block_manager.blocks_of(sid)
         self.cache.free(sid)
 
     def skip_to_next_arrival(self) -> float:
@@ -533,7 +533,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
     logits = cache.forward(model, [0], [prompt])
-    prompt_blocks = list(cache.tables[0].blocks)
+    prompt_blocks = cache.block_manager.blocks_of(0)
     for i in range(1, n):
         cache.fork(0, i)
     shared_after_fork = cache.used_blocks()
@@ -551,6 +551,6 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
             logits = cache.forward(model, list(range(n)), [[t] for t in nxt])
     return {"n": n, "prompt_tokens": len(prompt), "prompt_blocks": len(prompt_blocks),
             "blocks_after_fork": shared_after_fork, "blocks_at_end": cache.used_blocks(),
-            "blocks_without_sharing": n * len(cache.tables[0].blocks),
-            "full_prompt_blocks_still_shared": sum(cache.pool.blocks[b].ref_count == n for b in prompt_blocks),
+            "blocks_without_sharing": n * len(cache.block_manager.blocks_of(0)),
+            "full_prompt_blocks_still_shared": sum(cache.block_manager.blocks[b].ref_count == n for b in prompt_blocks),
             "copies_on_write": cache.copies_on_write, "outputs": outputs}

@@ -55,17 +55,17 @@ def test_a_paged_roll_back_releases_blocks_and_copies_a_block_a_prefix_may_find(
     paged = PagedKVCache(cfg, num_blocks=8, kv_block_size=4, enable_prefix_caching=True)
     paged.add_sequence("a", list(range(1, 11)))          # 10 tokens: blocks of 4, 4, 2
     paged.forward(random_gpt, ["a"], [list(range(1, 11))])
-    free = paged.pool.num_free
+    free = paged.num_free_blocks
     paged.truncate("a", 6)                                # keeps 2 blocks, the second half full
-    assert paged.tables["a"].length == 6 and len(paged.tables["a"].blocks) == 2
-    assert paged.pool.num_free == free + 1
-    kept = paged.tables["a"].blocks[1]
+    assert paged.table("a").length == 6 and len(paged.table("a").blocks) == 2
+    assert paged.num_free_blocks == free + 1
+    kept = paged.table("a").blocks[1]
     assert paged.slots_needed("a", 1) == 1                # the registered block is copied before a write
     with pytest.raises(KeyError, match="no sequence 'b'"):
         paged.truncate("b", 0)
     with pytest.raises(ValueError, match=r"\bn\b"):
         paged.truncate("a", 7)
-    assert paged.tables["a"].blocks[1] == kept
+    assert paged.table("a").blocks[1] == kept
 
 
 def test_a_cache_made_for_another_configuration_is_refused_before_anything_is_written(tiny_gpt):
@@ -85,4 +85,4 @@ def test_a_cache_made_for_another_configuration_is_refused_before_anything_is_wr
     paged.add_sequence(0, [1] * 3)
     with pytest.raises(ValueError, match="made for another configuration"):
         paged.forward(tiny_gpt, [0], [[1] * 3])
-    assert paged.tables[0].length == 0 and paged.used_blocks() == 0
+    assert paged.table(0).length == 0 and paged.used_blocks() == 0

@@ -326,7 +326,7 @@ def test_the_paged_lean_step_matches_gpt_forward(models, shape):
         worst = max(worst, max_diff(out["fast"], out["model"]))
     assert worst <= ATOL
     for s in range(3):
-        assert caches["fast"].tables[s].token_ids == caches["model"].tables[s].token_ids
+        assert caches["fast"].table(s).token_ids == caches["model"].table(s).token_ids
     assert max_diff(caches["fast"].pool.k, caches["model"].pool.k) <= ATOL
     assert max_diff(caches["fast"].pool.v, caches["model"].pool.v) <= ATOL
 
@@ -352,7 +352,7 @@ def test_the_paged_lean_step_takes_chunks_of_new_tokens_like_gpt_forward(models,
     assert out["fast"][0] == out["model"][0] == [0, 8]  # the shared prompt's two full blocks were found
     assert max_diff(out["fast"][1], out["model"][1]) <= ATOL and max_diff(out["fast"][2], out["model"][2]) <= ATOL
     for s in range(3):
-        assert caches["fast"].tables[s].token_ids == caches["model"].tables[s].token_ids
+        assert caches["fast"].table(s).token_ids == caches["model"].table(s).token_ids
     assert max_diff(caches["fast"].pool.k, caches["model"].pool.k) <= ATOL
     assert max_diff(caches["fast"].pool.v, caches["model"].pool.v) <= ATOL
 
@@ -363,4 +363,4 @@ def test_the_paged_decoder_name_is_checked(tiny_gpt):
     cache.add_sequence(0, [1, 2])
     with pytest.raises(ValueError, match="decoder must be 'fast' or 'model', got 'lean'"):
         cache.forward(tiny_gpt, [0], [[1, 2]], decoder="lean")
-    assert cache.tables[0].length == 0 and cache.pool.num_free == 8
+    assert cache.table(0).length == 0 and cache.num_free_blocks == 8

@@ -24,7 +24,8 @@ import torch
 
 from kvlib.fast import FastDecoder
 from kvlib.model import GPT, GPTConfig
-from kvlib.paged import BlockPool, PagedBatch, PagedKVCache, block_hash
+from kvlib.blocks import block_hash
+from kvlib.paged import KVPool, PagedBatch, PagedKVCache
 from kvlib.verify import verify_paged
 from kvlib.tools.traces import class_trace, make_trace
 from kvlib.serving import (Engine, Request, parallel_sample, run_continuous,
@@ -109,10 +110,10 @@ def add(module, entry, param, pairs, make_call, setup=None, state=None):
 # ---- state snapshots ----------------------------------------------------------------------------
 
 def cache_state(cache: PagedKVCache):
-    pool = cache.pool
+    pool = cache.block_manager
     return (pool.num_free, list(pool.free_fresh), list(pool.free_cached), dict(pool.by_hash), pool.evictions,
             [(b.ref_count, b.hash, b.token_ids) for b in pool.blocks],
-            {sid: (list(t.blocks), list(t.token_ids)) for sid, t in cache.tables.items()},
+            {sid: (list(t.blocks), list(t.token_ids)) for sid, t in pool.tables.items()},
             cache.prefix_hit_tokens, cache.copies_on_write)
 
 
@@ -159,12 +160,12 @@ def _cache(w, prefix=True, blocks=8):
 
 cfg = lambda w: w.model.config  # noqa: E731
 for name, pairs in (("num_blocks", bad_ints(1, 2**22 // 4)), ("kv_block_size", bad_ints(1, BLOCK))):
-    add("paged", "BlockPool", name, pairs,
-        lambda w, o, v, n=name: BlockPool(cfg(w), **{"num_blocks": 4, "kv_block_size": 4, n: v}))
+    add("paged", "KVPool", name, pairs,
+        lambda w, o, v, n=name: KVPool(cfg(w), **{"num_blocks": 4, "kv_block_size": 4, n: v}))
     add("paged", "PagedKVCache", name, pairs,
         lambda w, o, v, n=name: PagedKVCache(cfg(w), **{"num_blocks": 4, "kv_block_size": 4, n: v}))
 for v, e in (("nope", ValueError), (5, TypeError), ([0], TypeError)):
-    add("paged", "BlockPool", "device", [(v, e)], lambda w, o, v: BlockPool(cfg(w), 4, 4, device=v))
+    add("paged", "KVPool", "device", [(v, e)], lambda w, o, v: KVPool(cfg(w), 4, 4, device=v))
 for v, e in ((torch.long, TypeError), ("float32", TypeError), (torch.bool, TypeError)):
     add("paged", "PagedKVCache", "dtype", [(v, e)], lambda w, o, v: PagedKVCache(cfg(w), 4, 4, dtype=v))
 for v in ("config", {"vocab_size": 64}, None, 3):
@@ -225,8 +226,8 @@ add("paged", "PagedKVCache.forward", "model", [(GPTConfig(vocab_size=32, block_s
                                                 ValueError)],
     lambda w, o, v: o.forward(GPT(v), [0], [[1]]), _cache, cache_state)
 
-add("paged", "BlockPool.allocate", "pool is full", [(None, RuntimeError)],
-    lambda w, o, v: o.pool.allocate(), lambda w: _full(w), cache_state)
+add("paged", "BlockManager.allocate", "pool is full", [(None, RuntimeError)],
+    lambda w, o, v: o.block_manager.allocate(), lambda w: _full(w), cache_state)
 
 
 def _full(w):
@@ -237,23 +238,23 @@ def _full(w):
 
 
 for entry in ("share", "release"):
-    add("paged", f"BlockPool.{entry}", "bid", bad_ints(0, 7), lambda w, o, v, e=entry: getattr(o.pool, e)(v),
+    add("paged", f"BlockManager.{entry}", "bid", bad_ints(0, 7), lambda w, o, v, e=entry: getattr(o.block_manager, e)(v),
         _cache, cache_state)
-    add("paged", f"BlockPool.{entry}", "bid", [(7, ValueError)], lambda w, o, v, e=entry: getattr(o.pool, e)(v),
+    add("paged", f"BlockManager.{entry}", "bid", [(7, ValueError)], lambda w, o, v, e=entry: getattr(o.block_manager, e)(v),
         _cache, cache_state)
-add("paged", "BlockPool.register", "bid", bad_ints(0, 7) + [(7, ValueError)],
-    lambda w, o, v: o.pool.register(v, 1, [1, 2, 3, 4]), _cache, cache_state)
-add("paged", "BlockPool.register", "token_ids", [("1234", TypeError), (5, TypeError), (None, TypeError),
+add("paged", "BlockManager.register", "bid", bad_ints(0, 7) + [(7, ValueError)],
+    lambda w, o, v: o.block_manager.register(v, 1, [1, 2, 3, 4]), _cache, cache_state)
+add("paged", "BlockManager.register", "token_ids", [("1234", TypeError), (5, TypeError), (None, TypeError),
                                                  ([1.5] * 4, TypeError), ([True] * 4, TypeError), ([-1] * 4, ValueError), ([1, 2], ValueError), ([1] * 5, ValueError)],
-    lambda w, o, v: o.pool.register(0, 1, v), _cache, cache_state)
-add("paged", "BlockPool.register", "h", [("h", TypeError), (None, TypeError), (1.5, TypeError), (True, TypeError)],
-    lambda w, o, v: o.pool.register(0, v, [1, 2, 3, 4]), _cache, cache_state)
-add("paged", "BlockPool.lookup", "h", [("h", TypeError), (None, TypeError), ([1], TypeError)],
-    lambda w, o, v: o.pool.lookup(v, [1, 2, 3, 4]), _cache, cache_state)
-add("paged", "BlockPool.lookup", "token_ids", [("1234", TypeError), (1, TypeError), ([1] * 5, ValueError)],
-    lambda w, o, v: o.pool.lookup(block_hash(None, [1, 2, 3, 4]), v), _cache, cache_state)
-add("paged", "BlockPool.copy", "src", bad_ints(0, 7), lambda w, o, v: o.pool.copy(v, 3), _cache, cache_state)
-add("paged", "BlockPool.copy", "dst", bad_ints(0, 7), lambda w, o, v: o.pool.copy(0, v), _cache, cache_state)
+    lambda w, o, v: o.block_manager.register(0, 1, v), _cache, cache_state)
+add("paged", "BlockManager.register", "h", [("h", TypeError), (None, TypeError), (1.5, TypeError), (True, TypeError)],
+    lambda w, o, v: o.block_manager.register(0, v, [1, 2, 3, 4]), _cache, cache_state)
+add("paged", "BlockManager.lookup", "h", [("h", TypeError), (None, TypeError), ([1], TypeError)],
+    lambda w, o, v: o.block_manager.lookup(v, [1, 2, 3, 4]), _cache, cache_state)
+add("paged", "BlockManager.lookup", "token_ids", [("1234", TypeError), (1, TypeError), ([1] * 5, ValueError)],
+    lambda w, o, v: o.block_manager.lookup(block_hash(None, [1, 2, 3, 4]), v), _cache, cache_state)
+add("paged", "KVPool.copy", "src", bad_ints(0, 7), lambda w, o, v: o.pool.copy(v, 3), _cache, cache_state)
+add("paged", "KVPool.copy", "dst", bad_ints(0, 7), lambda w, o, v: o.pool.copy(0, v), _cache, cache_state)
 
 add("paged", "PagedBatch", "cache", [("cache", TypeError), (None, TypeError)],
     lambda w, o, v: PagedBatch(v, [0], [[1]]), _cache, cache_state)
@@ -271,7 +272,7 @@ def _batch(w):
 
 
 def _batch_state(ob):
-    return cache_state(ob[0]), ob[1]._advanced
+    return cache_state(ob[0]), ob[1].advanced
 
 
 kv = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype)  # noqa: E731
@@ -752,9 +753,9 @@ def test_the_batch_check_counts_copies_on_write_exactly(world):
     cache.forward(world.model, [0], [[1, 2]])
     for child in (1, 2, 3):
         cache.fork(0, child)
-    assert cache.pool.num_free == 3
+    assert cache.num_free_blocks == 3
     cache.forward(world.model, [0, 1, 2, 3], [[5]] * 4)
-    assert cache.pool.num_free == 0 and cache.copies_on_write == 3
+    assert cache.num_free_blocks == 0 and cache.copies_on_write == 3
 
 
 # ---- two threads --------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kvlib.paged import BlockPool, PagedKVCache, block_hash
+from kvlib.blocks import BlockManager, block_hash
+from kvlib.paged import PagedKVCache
 from kvlib.verify import verify_paged
 from kvlib.poems import encode_prompt
 
@@ -32,7 +33,7 @@ def test_blocks_smaller_than_a_prompt_still_match(shipped_char):
 
 
 def test_the_pool_hands_out_fresh_blocks_first_and_evicts_the_least_recently_freed(tiny_gpt):
-    pool = BlockPool(tiny_gpt.config, num_blocks=3, kv_block_size=4)
+    pool = BlockManager(num_blocks=3, kv_block_size=4)
     a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
     assert pool.num_free == 0
     with pytest.raises(RuntimeError, match="full"):
@@ -64,12 +65,12 @@ def test_prefix_hits_reuse_full_blocks_and_change_no_logits(shipped_char):
     first = cache.forward(model, ["a"], [prompt])
     cached = cache.add_sequence("b", prompt)
     assert cached == 4 * ((len(prompt) - 1) // 4) and cache.prefix_hit_tokens == cached
-    assert cache.tables["b"].blocks[: cached // 4] == cache.tables["a"].blocks[: cached // 4]
+    assert cache.block_manager.tables["b"].blocks[: cached // 4] == cache.block_manager.tables["a"].blocks[: cached // 4]
     second = cache.forward(model, ["b"], [prompt[cached:]])
     assert (first - second).abs().max() <= 1e-4
     cache.free("a")
     cache.free("b")
-    assert cache.pool.num_free == 16 and cache.pool.free_cached  # full blocks stay findable
+    assert cache.num_free_blocks == 16 and cache.block_manager.free_cached  # full blocks stay findable
 
 
 @torch.inference_mode()
@@ -80,13 +81,13 @@ def test_a_fork_shares_blocks_and_copies_the_last_one_on_write(shipped_char):
     cache.add_sequence(0, prompt)
     cache.forward(model, [0], [prompt])
     cache.fork(0, 1)
-    assert cache.used_blocks() == 3 and all(cache.pool.blocks[b].ref_count == 2 for b in cache.tables[0].blocks)
-    parent_last = cache.tables[0].blocks[-1]
+    assert cache.used_blocks() == 3 and all(cache.block_manager.blocks[b].ref_count == 2 for b in cache.block_manager.tables[0].blocks)
+    parent_last = cache.block_manager.tables[0].blocks[-1]
     before = cache.pool.k[:, parent_last * 4:(parent_last + 1) * 4].clone()
     assert cache.slots_needed(1, 1) == 1
     out = cache.forward(model, [0, 1], [[5], [6]])
-    assert cache.copies_on_write == 1 and cache.tables[0].blocks[:2] == cache.tables[1].blocks[:2]
-    assert cache.tables[0].blocks[-1] != cache.tables[1].blocks[-1]
+    assert cache.copies_on_write == 1 and cache.block_manager.tables[0].blocks[:2] == cache.block_manager.tables[1].blocks[:2]
+    assert cache.block_manager.tables[0].blocks[-1] != cache.block_manager.tables[1].blocks[-1]
     assert torch.equal(cache.pool.k[:, parent_last * 4:parent_last * 4 + 1], before[:, :1])
     alone = PagedKVCache(model.config, 4, kv_block_size=4)
     alone.add_sequence(0, prompt + [6])
@@ -124,6 +125,6 @@ def test_a_block_computed_twice_at_once_is_kept_once(shipped_char):
     cache.forward(model, [0, 1], [prompt, prompt])
     cache.free(0)
     cache.free(1)
-    assert len(cache.pool.free_cached) == 3 and len(cache.pool.by_hash) == 3
-    taken = [cache.pool.allocate() for _ in range(8)]   # every block, evicting the cached ones
-    assert sorted(taken) == list(range(8)) and not cache.pool.by_hash and cache.pool.evictions == 3
+    assert len(cache.block_manager.free_cached) == 3 and len(cache.block_manager.by_hash) == 3
+    taken = [cache.block_manager.allocate() for _ in range(8)]   # every block, evicting the cached ones
+    assert sorted(taken) == list(range(8)) and not cache.block_manager.by_hash and cache.block_manager.evictions == 3

@@ -72,13 +72,13 @@ def test_finished_sequences_leave_at_once_and_free_their_blocks(shipped_char, tr
     for r in trace:
         engine.add(r)
     while engine.has_work:
-        held = {i: len(t.token_ids) for i, t in engine.cache.tables.items()}
+        held = {i: len(t.token_ids) for i, t in engine.cache.block_manager.tables.items()}
         rec = engine.step()
-        assert not set(rec.retired) & set(rec.running) and not set(rec.retired) & set(engine.cache.tables)
+        assert not set(rec.retired) & set(rec.running) and not set(rec.retired) & set(engine.cache.block_manager.tables)
         assert len(rec.running) <= engine.max_num_seqs
         if rec.kind == "decode":  # the pass's memory, read before the finished gave theirs back
             assert rec.real_tokens == sum(held[i] + 1 for i in rec.running + rec.retired) <= rec.used_positions
-    assert engine.cache.pool.num_free == 32 and not engine.cache.tables
+    assert engine.cache.num_free_blocks == 32 and not engine.cache.block_manager.tables
     assert {s.id for s in engine.finished} == {r.id for r in trace}
 
 

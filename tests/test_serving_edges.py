@@ -27,7 +27,7 @@ def test_a_request_is_checked_when_made(args, match):
 
 def state(engine):
     return (copy.deepcopy([s.request for s in engine.waiting]), len(engine.running),
-            engine.cache.pool.num_free, dict(engine.cache.tables))
+            engine.cache.num_free_blocks, dict(engine.cache.block_manager.tables))
 
 
 def test_a_request_that_cannot_fit_is_refused_and_the_engine_stays_as_it_was(tiny_gpt):
@@ -94,7 +94,7 @@ def test_the_paged_cache_names_an_unknown_sequence_and_a_bad_batch(tiny_gpt):
                  lambda: cache.truncate("x", 0), lambda: cache.batch(["x"], [[1]])):
         with pytest.raises(KeyError, match="no sequence 'x'"):
             call()
-    free = cache.pool.num_free
+    free = cache.num_free_blocks
     with pytest.raises(ValueError, match="same length"):
         cache.batch(["a"], [[1], [2]])
     with pytest.raises(ValueError, match="once in a batch"):
@@ -103,20 +103,20 @@ def test_the_paged_cache_names_an_unknown_sequence_and_a_bad_batch(tiny_gpt):
         cache.batch(["a"], [[tiny_gpt.config.vocab_size]])
     with pytest.raises(ValueError, match="already in the cache"):
         cache.fork("a", "a")
-    assert cache.pool.num_free == free and list(cache.tables) == ["a"]
+    assert cache.num_free_blocks == free and list(cache.block_manager.tables) == ["a"]
 
 
 def full_state(engine):
     """Everything a step may change: queues, each request's progress, tables, pool lists and stored keys."""
-    cache, pool = engine.cache, engine.cache.pool
+    cache, pool, blocks = engine.cache, engine.cache.pool, engine.cache.block_manager
     seqs = [(s.id, s.state, s.preemptions, list(s.output), s.first_token)
             for s in (*engine.waiting, *engine.running, *engine.finished)]
-    tables = {sid: (list(t.blocks), list(t.token_ids)) for sid, t in cache.tables.items()}
+    tables = {sid: (list(t.blocks), list(t.token_ids)) for sid, t in cache.block_manager.tables.items()}
     stored = {sid: [(pool.k[:, b * cache.kv_block_size:(b + 1) * cache.kv_block_size].clone()) for b in t.blocks]
-              for sid, t in cache.tables.items()}
+              for sid, t in cache.block_manager.tables.items()}
     return (seqs, [s.id for s in engine.waiting], [s.id for s in engine.running], len(engine.history), tables,
-            [(b.ref_count, b.hash) for b in pool.blocks], list(pool.free_fresh), list(pool.free_cached),
-            dict(pool.by_hash), cache.copies_on_write), stored
+            [(b.ref_count, b.hash) for b in blocks.blocks], list(blocks.free_fresh), list(blocks.free_cached),
+            dict(blocks.by_hash), cache.copies_on_write), stored
 
 
 def assert_same(before, after):
@@ -148,7 +148,7 @@ def test_an_interrupted_decode_that_preempted_leaves_engine_and_cache_as_before(
     engine.add(Request(0, [1, 2, 3, 4, 5, 6, 7], 8))
     engine.add(Request(1, [8, 9, 10, 11, 12, 13, 14], 8))
     engine.step()                                      # both prefilled: 2 blocks each, the pool full
-    while sum(engine.cache.slots_needed(s.id, 1) for s in engine.running) <= engine.cache.pool.num_free:
+    while sum(engine.cache.slots_needed(s.id, 1) for s in engine.running) <= engine.cache.num_free_blocks:
         engine.step()
     before = full_state(engine)
     with monkeypatch.context() as m:
@@ -182,11 +182,11 @@ def test_a_refused_batch_evicts_no_cached_prefix(tiny_gpt):
     cache.add_sequence("a", prompt)
     cache.forward(tiny_gpt, ["a"], [prompt])
     cache.free("a")                                    # two full blocks stay findable, one fresh
-    cached = dict(cache.pool.by_hash)
+    cached = dict(cache.block_manager.by_hash)
     cache.add_sequence("b", [20, 21])
     with pytest.raises(ValueError, match="token id"):
         cache.forward(tiny_gpt, ["b"], [[20, tiny_gpt.config.vocab_size]])
-    assert cache.pool.by_hash == cached and cache.add_sequence("c", prompt) == 8
+    assert cache.block_manager.by_hash == cached and cache.add_sequence("c", prompt) == 8
 
 
 def test_a_bool_or_float_sequence_id_is_refused_not_taken_for_an_int(tiny_gpt):
@@ -194,13 +194,13 @@ def test_a_bool_or_float_sequence_id_is_refused_not_taken_for_an_int(tiny_gpt):
     cache = PagedKVCache(tiny_gpt.config, 8, 4)
     cache.add_sequence(0, [1, 2])
     cache.add_sequence(1, [3])
-    before = {sid: list(t.token_ids) for sid, t in cache.tables.items()}
+    before = {sid: list(t.token_ids) for sid, t in cache.block_manager.tables.items()}
     for bad in (True, 0.0, float("nan")):
         with pytest.raises(TypeError, match=f"must be an int or a str.*not a {type(bad).__name__}"):
             cache.forward(tiny_gpt, [bad], [[1]])
         with pytest.raises(TypeError, match="must be an int or a str"):
             cache.add_sequence(bad, [1])
-    assert {sid: list(t.token_ids) for sid, t in cache.tables.items()} == before
+    assert {sid: list(t.token_ids) for sid, t in cache.block_manager.tables.items()} == before
 
 
 def test_a_device_this_machine_lacks_is_refused_clearly(tiny_gpt):

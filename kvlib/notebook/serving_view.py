@@ -28,25 +28,26 @@ COLUMNS, CELL_W, CELL_H = 8, 72, 46  # the grid is 576 px wide where there is ro
 
 def block_states(engine: Engine, record: StepRecord | None) -> list[tuple[str, str]]:
     """(state, label) of every block of the pool after ``record`` (None: before the first step)."""
-    pool, cache = engine.cache.pool, engine.cache
-    owner = {bid: sid for sid, table in cache.tables.items() for bid in table.blocks}
+    cache = engine.cache
+    blocks = cache.block_manager  # the bookkeeping: tables, reference counts, free lists
+    owner = {bid: sid for sid, table in blocks.tables.items() for bid in table.blocks}
     released = {} if record is None else record.released
     gone = {bid: sid for sid, blocks in released.items() for bid in blocks}
     states = []
-    for block in pool.blocks:
+    for block in blocks.blocks:
         bid = block.id
         if block.ref_count > 1:
             states.append(("shared prefix", f"×{block.ref_count}"))
         elif block.ref_count == 1:
             sid = owner[bid]
-            table = cache.tables[sid]
+            table = blocks.table(sid)
             filled = min(cache.kv_block_size, table.length - table.blocks.index(bid) * cache.kv_block_size)
             state = "admitted" if record is not None and sid in record.admitted else "decoding"
             states.append((state, f"r{sid} {max(filled, 0)}/{cache.kv_block_size}"))
         elif bid in gone and record is not None:
             sid = gone[bid]
             states.append(("preempted" if sid in record.preempted else "finished", f"r{sid}"))
-        elif bid in pool.free_cached:
+        elif bid in blocks.free_cached:
             states.append(("cached, free", ""))
         else:
             states.append(("free", ""))

@@ -139,8 +139,8 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
         cache.forward(model, sids, cut)
         tokens = [[t] for t in new[:, 0].tolist()]
 
-        def step():  # the engine's own call (the sequences are its own, so they are not checked again)
-            cache._forward_own(model, sids, tokens, decoder)
+        def step():  # the engine's own call
+            cache.forward(model, sids, tokens, decoder)
             for s, p in zip(sids, cut):
                 cache.truncate(s, len(p))
         return step

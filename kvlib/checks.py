@@ -54,44 +54,6 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     return int(value)
 
 
-def check_temperature(temperature) -> float:
-    """Any finite number >= 0: 0 is argmax, and sampling stays exact at both extremes (1e-300, 1e300)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature must be a real number >= 0, got {temperature!r}")
-    try:
-        temperature = float(temperature)
-    except OverflowError:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}") from None
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}")
-    return temperature
-
-
-def check_top_k(k) -> int | None:
-    if k is None:
-        return None
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
-    if k < 1:
-        raise ValueError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
-    return int(k)
-
-
-def check_top_p(p) -> float | None:
-    if p is None:
-        return None
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"top_p must be a number in (0, 1] (or None for no top-p), got {p!r}")
-    if not 0 < p <= 1:                                                     # also rejects NaN
-        raise ValueError(f"top_p must be in (0, 1] (or None for no top-p), got {p!r}")
-    return float(p)
-
-
-def check_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
-    """Sampling settings as plain Python numbers, checked once before a decoding loop starts."""
-    return check_temperature(temperature), check_top_k(top_k), check_top_p(top_p)
-
-
 SEED_MAX = 2**64 - 1  # what torch.Generator.manual_seed takes
 
 

@@ -13,12 +13,12 @@ import torch
 import inspect
 
 from .checks import (ContextLimitError, check_cache_made_for, check_generator, check_int, check_logits,
-                     check_model, check_prompt, check_sampling, check_token_lists)
+                     check_model, check_prompt, check_token_lists)
 from .evict import EvictingCache, forward_with_cache
 from .fast import FastDecoder
 from .model import GPT, Cache, check_gpt
 from .weights import check_weights
-from .sampling import sample_next_unchecked
+from .sampling import check_sampling, sample_next
 
 # ---- input checks of this module ------------------------------------------------------------
 
@@ -279,7 +279,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         if temperature == 0:                             # greedy: nothing to draw
             torch.max(logits, dim=-1, keepdim=True, out=(best[:, n: n + 1], nxt))
         else:
-            nxt.copy_(sample_next_unchecked(logits, temperature, top_k, top_p, generator))
+            nxt.copy_(sample_next(logits, temperature, top_k, top_p, generator))
         emit(n, nxt, finished, eos_id, on_token)
         n += 1
         reason = stop_reason(n, max_new_tokens, budget, finished if eos_id is not None else None)
@@ -336,7 +336,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
             logits = logits_hook(n, out[:, : T + n], logits)
         check_step_logits(logits, B)  # f is any callable: its logits are checked every step
         nxt = out[:, T + n: T + n + 1]
-        nxt.copy_(sample_next_unchecked(logits, temperature, top_k, top_p, generator))
+        nxt.copy_(sample_next(logits, temperature, top_k, top_p, generator))
         emit(n, nxt, finished, eos_id, on_token)
         reason = stop_reason(n + 1, max_new_tokens, None, finished if eos_id is not None else None)
         if reason is not None:

@@ -8,12 +8,15 @@ from exactly what it returns.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
-from .checks import check_generator, check_logits, check_sampling, check_temperature, check_top_k, check_top_p
+from .checks import check_generator, check_logits
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "sample_next_unchecked",
-           "first_maximum"]
+__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "first_maximum",
+           "check_sampling"]
 
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
 
@@ -107,14 +110,6 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     return scores.softmax(dim=-1, dtype=dtype)                             # (B, V)
 
 
-def sample_next_unchecked(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                          generator: torch.Generator | None) -> torch.Tensor:
-    """``sample_next`` for loops that checked their settings once: (B, 1) tokens; greedy at temperature 0."""
-    if temperature == 0:
-        return first_maximum(logits).unsqueeze(-1)                         # the first maximum, as one-hot would
-    return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)
-
-
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick the next token of each row: logits (B, V) -> token ids (B, 1), int64.
@@ -125,5 +120,47 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     uses the global RNG, as ``torch.multinomial`` does.
     """
     check_generator(generator)
-    check_logits(logits)
-    return sample_next_unchecked(logits, *check_sampling(temperature, top_k, top_p), generator)  # (B, 1)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return first_maximum(check_logits(logits)).unsqueeze(-1)           # the first maximum, as one-hot would
+    return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)  # (B, 1)
+
+
+# ---- the settings' own checks ---------------------------------------------------------------------
+
+def check_temperature(temperature) -> float:
+    """Any finite number >= 0: 0 is argmax, and sampling stays exact at both extremes (1e-300, 1e300)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number >= 0, got {temperature!r}")
+    try:
+        temperature = float(temperature)
+    except OverflowError:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}") from None
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means argmax), got {temperature!r}")
+    return temperature
+
+
+def check_top_k(k) -> int | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
+    if k < 1:
+        raise ValueError(f"top_k must be an int >= 1 (or None for no top-k), got {k!r}")
+    return int(k)
+
+
+def check_top_p(p) -> float | None:
+    if p is None:
+        return None
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"top_p must be a number in (0, 1] (or None for no top-p), got {p!r}")
+    if not 0 < p <= 1:                                                     # also rejects NaN
+        raise ValueError(f"top_p must be in (0, 1] (or None for no top-p), got {p!r}")
+    return float(p)
+
+
+def check_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
+    """Sampling settings as plain Python numbers, checked once before a decoding loop starts."""
+    return check_temperature(temperature), check_top_k(top_k), check_top_p(top_p)

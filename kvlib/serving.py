@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real, check_sampling,
+from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real,
                      check_seed)
 from .guards import all_or_nothing, one_thread_at_a_time
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .weights import check_weights
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from .sampling import first_maximum, sample_next
+from .sampling import check_sampling, first_maximum, sample_next
 
 
 @dataclass

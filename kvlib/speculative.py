@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
-                     check_logits, check_model, check_multi_head, check_real, check_sampling)
+                     check_logits, check_model, check_multi_head, check_real)
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT
 from .weights import weights_key
-from .sampling import first_maximum, probabilities
+from .sampling import check_sampling, first_maximum, probabilities
 
 __all__ = ["Draft", "NgramDraft", "NeuralDraft", "accept_greedy", "accept_sampled",
            "Round", "SpeculativeDecoder", "SpeculativeResult", "speculative_generate", "expected_tokens_per_round"]

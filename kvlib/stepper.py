@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import ContextLimitError, check_int, check_multi_head, check_pair, check_sampling, check_seed, check_text
+from .checks import ContextLimitError, check_int, check_multi_head, check_pair, check_seed, check_text
 from .decoding import check_cache
 from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT
-from .sampling import probabilities, sample_next
+from .sampling import check_sampling, probabilities, sample_next
 from .poems import encode_prompt, without_unk
 from .tokenizer import decode_complete, token_label
 

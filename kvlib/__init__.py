@@ -7,12 +7,12 @@ what notebooks 4 and 5 show, ``paged`` and ``serving`` notebook 7's many users, 
 ``evict`` notebook 9's smaller caches. ``kvlib.notebook``
 draws it, ``kvlib.tools`` trains, loads and measures it.
 """
-from .checks import ContextLimitError
+from .cache import Cache, ContextLimitError
 from .constraints import acrostic, quatrain
 from .decoding import GenerationResult, cache_decoder, generate, generate_uncached, pad_prompts, position_ids_from_mask
 from .evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from .fast import FastDecoder
-from .model import GPT, Cache, GPTConfig, GrowingKVCache, KVCache
+from .model import GPT, GPTConfig, GrowingKVCache, KVCache
 from .blocks import BlockManager
 from .paged import KVPool, PagedKVCache
 from .quantized import QuantizedKVCache

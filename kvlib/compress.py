@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import torch
 
-from .checks import check_int, check_multi_head
+from .checks import check_int
+from .cache import check_multi_head
 from .model import GPT, GPTConfig, check_gpt
 
 __all__ = ["grouped", "latent"]

@@ -5,18 +5,17 @@ key mask hides the padding, and positions count real tokens only.
 """
 from __future__ import annotations
 
+import inspect
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-import inspect
-
-from .checks import (ContextLimitError, check_cache_made_for, check_generator, check_int, check_logits,
-                     check_model, check_prompt, check_token_lists)
-from .evict import EvictingCache, forward_with_cache
+from .checks import check_generator, check_int, check_logits, check_model, describe
+from .cache import Cache, ContextLimitError, check_cache_made_for
 from .fast import FastDecoder
-from .model import GPT, Cache, check_gpt
+from .model import GPT, check_gpt
 from .weights import check_weights
 from .sampling import check_sampling, sample_next
 
@@ -38,6 +37,67 @@ def check_generate_inputs(model, idx, max_new_tokens, *, temperature, top_k, top
         raise ContextLimitError(f"idx: the prompt has {idx.shape[1]} tokens but the model's block holds "
                                 f"{cfg.block_size}; keep the last {cfg.block_size} tokens")
     return key_mask, sampling
+
+
+def check_token_lists(prompts, pad_id) -> list[list[int]]:
+    """A non-empty list of non-empty token-id lists (ints >= 0), and a pad id (an int >= 0)."""
+    check_int("pad_id", pad_id, 0)
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        got = describe(prompts) if isinstance(prompts, torch.Tensor) else f"{prompts!r:.60}"
+        raise (ValueError if isinstance(prompts, (list, tuple)) else TypeError)(
+            f"prompts must be a non-empty list of token-id lists, got {got}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            if p.dim() != 1 or p.is_floating_point() or p.dtype == torch.bool:
+                raise TypeError(f"prompt {i} must be a list of int token ids (or a 1-D integer tensor), "
+                                f"got {describe(p)}")
+            p = p.tolist()
+        if isinstance(p, (str, bytes)) or not isinstance(p, (list, tuple)):
+            raise TypeError(f"prompt {i} must be a list of int token ids, got {p!r:.60}")
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every row needs at least one token")
+        for j, t in enumerate(p):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"prompt {i}, token {j} must be an int token id, got {t!r}")
+            if t < 0 or t >= 2**63:
+                raise ValueError(f"prompt {i}, token {j} must be a token id (an int >= 0), got {t!r}")
+        out.append([int(t) for t in p])
+    return out
+
+
+def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch.Tensor | None:
+    """Token ids (B, T) int64 in the vocabulary, and an optional key mask of the same shape; returns the mask as bool."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+        raise TypeError(f"idx must be an int64 tensor of shape (B, T); use pad_prompts for a list of prompts; "
+                        f"got {describe(idx)}")
+    if idx.shape[0] == 0 or idx.shape[1] == 0:
+        raise ValueError(f"idx must hold at least one token in at least one row, got shape {tuple(idx.shape)}")
+    check_int("max_new_tokens", max_new_tokens, 0)
+    if int(idx.min()) < 0 or (vocab_size is not None and int(idx.max()) >= vocab_size):
+        top = "" if vocab_size is None else f", {vocab_size}"
+        hint = "" if vocab_size is None else " (the model's vocabulary: were the ids made by another model's tokenizer?)"
+        raise ValueError(f"idx: token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}{hint}")
+    if key_mask is None:
+        return None
+    if not isinstance(key_mask, torch.Tensor) or key_mask.shape != idx.shape:
+        got = tuple(key_mask.shape) if isinstance(key_mask, torch.Tensor) else type(key_mask).__name__
+        raise ValueError(f"key_mask must have the shape of idx {tuple(idx.shape)}, got {got}")
+    if key_mask.dtype != torch.bool:
+        if key_mask.is_complex() or not bool(((key_mask == 0) | (key_mask == 1)).all()):
+            raise ValueError(f"key_mask must hold only True/False (or 1/0), got {describe(key_mask)} "
+                             f"with other values")
+        key_mask = key_mask.bool()
+    if int(key_mask.sum(-1).min()) == 0:
+        raise ValueError("every row of key_mask needs at least one real token")
+    # Left padding: in each row the padding (False) comes first, then only real tokens (True).
+    bad = (key_mask[:, :-1] & ~key_mask[:, 1:]).any(-1)                  # a real token followed by padding
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"key_mask row {row} is {key_mask[row].int().tolist()!r:.80}: padding after a real "
+                         f"token (right padding); the decoding loop reads each row's last column, so pad on "
+                         f"the left (pad_prompts does)")
+    return key_mask
 
 
 def check_eos(eos_id, vocab_size: int | None) -> int | None:
@@ -118,9 +178,9 @@ class CachedDecoder:
 class CacheDecoder:
     """Runs the teaching model over a given ``cache`` (any :class:`kvlib.Cache`); the last logits (B, V).
 
-    An evicting cache keeps fewer keys than tokens written, so its rows are numbered by the cache
-    (:func:`kvlib.evict.forward_with_cache`) and padded rows are refused. The cache must be empty: a
-    decoder starts a new text (a full one would continue the last text, silently).
+    The model asks the cache for the new tokens' positions (an evicting cache numbers them past what it
+    keeps) and whether padded rows suit it. The cache must be empty: a decoder starts a new text (a
+    full one would continue the last text, silently).
     """
 
     def __init__(self, model: GPT, cache):
@@ -131,14 +191,7 @@ class CacheDecoder:
         self.model, self.cache = model, cache
 
     def __call__(self, idx, key_mask=None, position_ids=None):
-        if isinstance(self.cache, EvictingCache):
-            if key_mask is not None or position_ids is not None:
-                raise ValueError(f"{type(self.cache).__name__} decodes rows of equal length: padded prompts "
-                                 f"(a key_mask) are not supported")
-            logits, _ = forward_with_cache(self.model, idx, self.cache, last_only=True)
-        else:
-            logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids,
-                                   last_only=True)
+        logits, _ = self.model(idx, cache=self.cache, key_mask=key_mask, position_ids=position_ids, last_only=True)
         return logits[:, -1]  # (B, V)
 
 

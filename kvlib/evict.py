@@ -38,9 +38,10 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .checks import (ContextLimitError, check_bool, check_cache_shape, check_chunk, check_config, check_device,
-                     check_id_tensor, check_int, check_multi_head)
-from .model import GPT, GPTConfig, causal_mask, check_truncate
+from .checks import check_bool, check_config, check_device, check_int
+from .cache import (ContextLimitError, check_cache_shape, check_chunk, check_id_tensor, check_multi_head,
+                    check_truncate)
+from .model import GPT, GPTConfig, causal_mask
 
 __all__ = ["EvictingCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "forward_with_cache"]
 
@@ -60,6 +61,7 @@ class EvictingCache:
     """
 
     budget: int  # positions kept between forward passes
+    takes_padding = False  # rows are numbered by the cache, all alike
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None):
         check_config(config, GPTConfig)
@@ -93,7 +95,7 @@ class EvictingCache:
             raise ValueError(f"model's config {model.config} is not the cache's {self.config}: make the cache "
                              f"from model.config")
 
-    def attached(self, model):
+    def attending(self, model):
         """A context in which ``model``'s forward pass hands the cache what it needs (nothing here)."""
         self.check_model(model)
         return nullcontext()
@@ -224,7 +226,7 @@ class HeavyHitterCache(EvictingCache):
         self.queries: list[torch.Tensor | None] = [None] * config.n_layer  # (B, H, T), until written
 
     @contextmanager
-    def attached(self, model):
+    def attending(self, model):
         """While inside, each attention module hands this cache its queries before it writes."""
         self.check_model(model)
         handles = [block.attn.register_forward_pre_hook(self._query_hook(layer))
@@ -304,6 +306,4 @@ def forward_with_cache(model, idx: torch.Tensor, cache: EvictingCache, *, last_o
     check_id_tensor(idx, cache.config.vocab_size, batch=cache.batch_size)
     cache.check_room(idx.shape[1], "idx")
     check_bool("last_only", last_only)
-    with cache.attached(model):
-        return model(idx, cache=cache, position_ids=cache.next_positions(idx.shape[1], idx.device),
-                     last_only=last_only)
+    return model(idx, cache=cache, last_only=last_only)  # the cache numbers the positions and sees what it needs

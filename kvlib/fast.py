@@ -48,7 +48,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .checks import ContextLimitError, check_int, check_model, check_multi_head
+from .checks import check_int, check_model
+from .cache import ContextLimitError, check_multi_head
 from .guards import one_thread_at_a_time
 from .model import GPT, KVCache, attention_mask
 from .weights import weights_key

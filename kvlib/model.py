@@ -3,19 +3,22 @@
 Data flows top to bottom: the two caches (``KVCache``, preallocated, and ``GrowingKVCache``, the
 simple one it is compared with) -> ``CausalSelfAttention`` -> ``MLP`` -> ``Block`` -> masks -> ``GPT``.
 Shapes: B batch, T new tokens, S = cache length + T keys, C channels, H heads, D head size.
-Input checks live in :mod:`kvlib.checks`, so that what is left here is the arithmetic.
+The caches follow :class:`kvlib.cache.Cache`; ``GPT.forward``'s input checks sit at the end of the file, in
+:func:`check_forward_inputs`, so that what is read first is the arithmetic.
 """
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_cache_shape, check_config, check_forward_inputs, check_int
+from .cache import (Cache, ContextLimitError, PositionsFromLength, check_cache_made_for, check_cache_shape,
+                    check_truncate)
+from .checks import check_config, check_int, describe
 from .weights import check_weights
 
 
@@ -63,39 +66,7 @@ class GPTConfig:
         return self.kv_heads, self.head_size, self.head_size
 
 
-@runtime_checkable
-class Cache(Protocol):
-    """What ``GPT.forward`` needs from a cache: every cache in kvlib implements it.
-
-    ``length`` positions are stored for each of ``batch_size`` sequences, room for ``max_len``.
-    In a forward pass each layer calls ``write(layer, k, v)`` with the new chunk (B, H, T, D) and gets
-    back the keys and values of all ``length + T`` positions; after the last layer the model calls
-    ``advance(T)`` once. ``truncate(n)`` keeps the first ``n`` positions (a roll-back: speculative
-    decoding drops rejected guesses this way); nothing outside a cache assigns its ``length``.
-    """
-
-    @property
-    def length(self) -> int: ...
-
-    @property
-    def batch_size(self) -> int: ...
-
-    @property
-    def max_len(self) -> int: ...
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def advance(self, n: int) -> None: ...
-
-    def truncate(self, n: int) -> None: ...
-
-
-def check_truncate(cache, n) -> int:
-    """``n`` for ``cache.truncate(n)``: an int in [0, cache.length]."""
-    return check_int("n", n, 0, cache.length, f"an int in [0, length={cache.length}] (positions to keep)")
-
-
-class KVCache:
+class KVCache(PositionsFromLength):
     """Preallocated keys and values for every layer: ``k``, ``v`` are (L, B, H, max_len, D).
 
     ``length`` counts the positions already written. Each layer writes the new chunk at
@@ -118,6 +89,7 @@ class KVCache:
         elif not (isinstance(buffers, tuple) and len(buffers) == 2
                   and all(isinstance(t, torch.Tensor) and tuple(t.shape) == want for t, want in zip(buffers, (shape, v_shape)))):
             raise ValueError(f"buffers must be a tuple (k, v) of two tensors of shape {shape}")
+        self.config = config
         self.k, self.v = buffers
         self.length = 0
 
@@ -156,7 +128,7 @@ class KVCache:
         self.length = check_truncate(self, n)
 
 
-class GrowingKVCache:
+class GrowingKVCache(PositionsFromLength):
     """Keys and values kept as one growing tensor per layer, extended with ``torch.cat`` each step.
 
     It implements :class:`Cache` (``length``, ``max_len``, ``write``, ``advance``, ``truncate``), so
@@ -167,6 +139,7 @@ class GrowingKVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int = 1, max_len: int | None = None):
         check_config(config, GPTConfig)
+        self.config = config
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.max_len = check_int("max_len", config.block_size if max_len is None else max_len, 1,
                                  config.block_size)
@@ -212,7 +185,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv)  # fused q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, mask=None, cache: Cache | None = None, layer: int = 0):
         B, T, C = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, C // self.n_head
         q, k, v = self.c_attn(x).split([C, Hkv * D, Hkv * D], dim=2)
@@ -243,7 +216,7 @@ class LatentSelfAttention(nn.Module):
         self.kv_up = nn.Linear(self.latent, 2 * config.n_embd, bias=False)     # latent -> every key and value
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, mask=None, cache: Cache | None = None, layer: int = 0):
         B, T, C = x.shape
         H, D, r = self.n_head, C // self.n_head, self.latent
         q, c = self.c_attn(x).split([C, r], dim=2)
@@ -333,7 +306,7 @@ class GPT(nn.Module):
         p = self.lm_head.weight
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
-    def forward(self, idx, cache: KVCache | None = None, key_mask=None, position_ids=None, targets=None,
+    def forward(self, idx, cache: Cache | None = None, key_mask=None, position_ids=None, targets=None,
                 last_only: bool = False):
         """idx (B, T) -> logits (B, T, V) for every position, and the loss when ``targets`` is given.
 
@@ -347,15 +320,17 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = cache.length if cache is not None else 0  # positions already in the cache
         S = start + T
-        if position_ids is None:
-            position_ids = torch.arange(start, S, device=idx.device)[None]  # (1, T)
+        if position_ids is None:  # (1, T): after the cached ones, as the cache numbers them
+            position_ids = (cache.next_positions(T, idx.device) if cache is not None
+                            else torch.arange(T, device=idx.device)[None])
 
         x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
         # A fresh sequence without padding needs only the plain causal mask (SDPA's is_causal);
         # new tokens after cached ones, or padding, need the full (bottom-right aligned) mask.
         mask = None if (start == 0 and key_mask is None) else attention_mask(T, S, key_mask, idx.device)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, mask, cache, layer)
+        with cache.attending(self) if cache is not None else nullcontext():  # H2O's cache sees the queries here
+            for layer, block in enumerate(self.transformer.h):
+                x = block(x, mask, cache, layer)
         if cache is not None:
             cache.advance(T)  # once, after the last layer
         if last_only:
@@ -365,6 +340,60 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+
+def check_forward_inputs(config, idx, cache, key_mask, position_ids, targets, last_only) -> None:
+    """What ``GPT.forward`` needs: token ids (B, T), room in the cache and the block, matching masks."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+        raise TypeError(f"idx must be an integer tensor of token ids with shape (B, T), got {describe(idx)}")
+    B, T = idx.shape
+    if idx.numel():
+        lo, hi = (int(v) for v in idx.aminmax())
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"idx holds token ids {lo}..{hi}; allowed are ids in [0, {config.vocab_size}) "
+                             f"(the model's vocabulary; is the tokenizer the model's own?)")
+    for name, t in (("key_mask", key_mask), ("position_ids", position_ids), ("targets", targets)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if cache is not None:
+        if isinstance(cache, type) or not isinstance(cache, Cache):
+            raise TypeError(f"cache must be a kvlib cache (KVCache, QuantizedKVCache, SlidingWindowCache, ...), "
+                            f"got {cache!r:.60}")
+        check_cache_made_for(config, cache)
+        if cache.batch_size != B:
+            raise ValueError(f"the cache holds {cache.batch_size} sequence(s) but idx has {B} row(s)")
+        if key_mask is not None and not cache.takes_padding:
+            raise ValueError(f"key_mask: {type(cache).__name__} decodes rows of equal length; padded rows "
+                             f"(a key_mask) need a cache that keeps every position (KVCache, say)")
+    start = cache.length if cache is not None else 0
+    S = start + T
+    if cache is not None and S > cache.max_len:
+        raise ContextLimitError.cache_full(T, start, cache.max_len)
+    if position_ids is None and S > config.block_size:
+        raise ContextLimitError(
+            f"position {S - 1} is past the block size {config.block_size}: crop the input "
+            f"to the last {config.block_size} tokens")
+    if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.block_size:
+        raise ContextLimitError(
+            f"position_ids hold position id {int(position_ids.max())}, past the block size {config.block_size}")
+    if key_mask is not None and key_mask.shape != (B, S):
+        raise ValueError(f"key_mask must have shape (B, cached + new) = {(B, S)}, got {tuple(key_mask.shape)}")
+    if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != T
+                                     or position_ids.shape[0] not in (1, B) or position_ids.is_floating_point()):
+        raise ValueError(f"position_ids must be an integer tensor of shape (B, T) = {(B, T)} or (1, T), got "
+                         f"{describe(position_ids)}")
+    if position_ids is not None and position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0 (position ids count from 0), got {int(position_ids.min())}")
+    if targets is not None and last_only:
+        raise ValueError("targets need the logits of every position: pass last_only=False to compute a loss")
+    if targets is not None:
+        if targets.shape != idx.shape or targets.dtype != torch.long:
+            raise ValueError(f"targets must be an int64 tensor of the shape of idx {(B, T)}, got {describe(targets)}")
+        if targets.numel():
+            lo, hi = (int(v) for v in targets.aminmax())
+            if lo < -1 or hi >= config.vocab_size:
+                raise ValueError(f"targets hold ids {lo}..{hi}; allowed are ids in [0, {config.vocab_size}) "
+                                 f"and -1 (ignored)")
 
 
 def check_gpt(model) -> None:

@@ -15,14 +15,15 @@ Shapes: L layers, N blocks, b block size, H heads, D head size; B sequences, T n
 from __future__ import annotations
 
 from array import array
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from itertools import repeat
 
 import torch
 
 from .blocks import KV_BLOCK_SIZE, BlockManager, BlockTable, block_hash, ceil_div  # noqa: F401  (re-exported)
-from .checks import (ContextLimitError, check_bool, check_cache_made_for, check_choice, check_config, check_device,
-                     check_dtype, check_id_list, check_int, check_key, check_logits, check_model, check_multi_head)
+from .checks import (check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
+                     check_key, check_logits, check_model)
+from .cache import ContextLimitError, check_cache_made_for, check_multi_head
 from .decoding import DECODERS
 from .fast import PagedStep
 from .model import GPT, GPTConfig
@@ -358,9 +359,40 @@ class PagedBatch:
             out.append(store.index_select(0, self.read_flat).view(shape).transpose(1, 2))  # (B, H, S, D)
         return tuple(out)
 
+    takes_padding = True  # its rows are left-padded to one width, with a key_mask
+
     @property
     def batch_size(self) -> int:
         return len(self.sids)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.cache.config
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks its sequences hold (a block shared by two of them counted once)."""
+        blocks = {bid for sid in self.sids for bid in self.cache.table(sid).blocks}
+        return len(blocks) * self.pool_block_bytes
+
+    @property
+    def pool_block_bytes(self) -> int:
+        pool = self.cache.pool
+        return pool.kv.nbytes // pool.num_blocks
+
+    def next_positions(self, T: int, device=None) -> torch.Tensor:
+        """(B, T): each row's own positions for this pass's new tokens (padding columns at 0)."""
+        if T != self.idx.shape[1]:
+            raise ValueError(f"T must be this batch's {self.idx.shape[1]} new-token columns, got {T!r}")
+        return self.position_ids.to(device) if device is not None else self.position_ids
+
+    def attending(self, model):
+        """Nothing to observe: a paged batch only stores and gathers."""
+        return nullcontext()
+
+    def reset(self) -> None:
+        """Drop every sequence's tokens (:meth:`truncate` to 0)."""
+        self.truncate(0)
 
     def advance(self, n: int) -> None:
         """The new tokens are stored (``GPT.forward`` calls this once, with ``n`` = T, after its last layer)."""

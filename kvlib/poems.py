@@ -11,7 +11,8 @@ import re
 
 import torch
 
-from .checks import ContextLimitError, check_int, check_pair, check_seed, check_text
+from .checks import check_int, check_pair, check_seed, check_text
+from .cache import ContextLimitError
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
 from .tokenizer import decode_complete, is_ideograph, token_label

@@ -17,7 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import check_id_tensor, check_tensor
+from .checks import check_tensor
+from .cache import check_id_tensor
 from .decoding import CacheDecoder, check_cache
 from .model import GPT, check_gpt
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (ContextLimitError, check_cache_shape, check_chunk, check_config, check_int,
-                     check_multi_head, check_tensor)
-from .model import GPTConfig, check_truncate
+from .checks import check_config, check_int, check_tensor
+from .cache import (ContextLimitError, PositionsFromLength, check_cache_shape, check_chunk, check_multi_head,
+                    check_truncate)
+from .model import GPTConfig
 
 __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack", "unpack",
            "fp_bytes_per_token", "quantized_bytes_per_token", "check_bits"]
@@ -306,7 +307,7 @@ class QuantizedStore:
 
 # ---- the cache -----------------------------------------------------------------------------------
 
-class QuantizedKVCache:
+class QuantizedKVCache(PositionsFromLength):
     """A KV cache that stores keys and values as ``bits``-bit codes (see the module docstring).
 
     Per layer, ``keys[layer]`` and ``values[layer]`` are :class:`QuantizedStore`.

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .checks import (ContextLimitError, check_bool, check_choice, check_generator, check_id_list, check_int,
-                     check_logits, check_model, check_multi_head, check_real)
+from .checks import (check_bool, check_choice, check_generator, check_id_list, check_int, check_logits, check_model,
+                     check_real)
+from .cache import ContextLimitError, check_multi_head
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .fast import FastDecoder
 from .guards import all_or_nothing, one_thread_at_a_time

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import ContextLimitError, check_int, check_multi_head, check_pair, check_seed, check_text
+from .checks import check_int, check_pair, check_seed, check_text
+from .cache import ContextLimitError, check_multi_head
 from .decoding import check_cache
 from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT

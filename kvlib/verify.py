@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import ContextLimitError, check_batch_inputs, check_int, check_model, check_real, check_token_ids
-from .decoding import CachedDecoder, generate, generate_uncached, pad_prompts
+from .checks import check_int, check_model, check_real, check_token_ids
+from .cache import ContextLimitError
+from .decoding import CachedDecoder, check_token_lists, generate, generate_uncached, pad_prompts
 from .model import GPT
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 
@@ -32,6 +33,22 @@ def check_verify_inputs(model, idx, steps) -> None:
 
 ATOL = 1e-4             # for float32 and float64 models
 ROUNDING_STEPS = 4      # a difference this many of the dtype's spacings apart may be rounding alone
+
+
+def check_batch_inputs(model, prompts, steps) -> None:
+    """``check_batch_consistency``: token-id lists that fit the block, and steps >= 1."""
+    check_model(model)
+    prompts = check_token_lists(prompts, 0)
+    block = model.config.block_size
+    longest = max(len(p) for p in prompts)
+    if longest > block:
+        raise ContextLimitError(f"prompt {max(range(len(prompts)), key=lambda i: len(prompts[i]))} has {longest} "
+                                f"tokens but the model's block holds {block}")
+    check_int("steps", steps, 1, block - longest + 1,
+              f"an int in [1, {block - longest + 1}] for a longest prompt of {longest} tokens and block size {block}")
+    for i, p in enumerate(prompts):
+        if max(p) >= model.config.vocab_size:
+            raise ValueError(f"prompt {i} holds token id {max(p)}, outside the vocabulary [0, {model.config.vocab_size})")
 
 
 def check_atol(atol) -> float:

@@ -71,20 +71,18 @@ def test_the_kept_positions_are_the_sinks_and_the_window_and_evicting_is_masking
 
 @pytest.mark.parametrize("make", [lambda cfg: SlidingWindowCache(cfg, 1, window=4),
                                   lambda cfg: SinkCache(cfg, 1, sinks=1, window=3)])
-def test_after_an_eviction_the_model_needs_the_positions_and_says_which(tiny_gpt, make):
-    """Numbered from the kept count (4), the next token would be another token entirely: GPT.forward refuses, the
-    cache and its numbering unchanged, and with the positions the cache gives it computes what forward_with_cache does."""
+def test_after_an_eviction_the_model_asks_the_cache_for_the_positions(tiny_gpt, make):
+    """Numbered from the kept count (4), the next token would be another token entirely: GPT.forward takes the
+    positions from the cache (9, past the four it keeps), as forward_with_cache does."""
     idx = tokens(tiny_gpt, 10, seed=2)
     right, other = make(tiny_gpt.config), make(tiny_gpt.config)
     with torch.inference_mode():
         forward_with_cache(tiny_gpt, idx[:, :9], right)
-        tiny_gpt(idx[:, :9], cache=other)                       # a fresh cache: positions 0-8 are right
+        tiny_gpt(idx[:, :9], cache=other)
         assert right.next_positions(1).tolist() == [[9]] and right.length == other.length == 4
-        with pytest.raises(ValueError, match=r"keeps 4 of the 9 positions.*start at position 9, not 4.*next_positions"):
-            tiny_gpt(idx[:, 9:], cache=other)
-        assert other.length == 4 and other.position == 9
         a = forward_with_cache(tiny_gpt, idx[:, 9:], right)[0]
-        b = tiny_gpt(idx[:, 9:], cache=other, position_ids=other.next_positions(1))[0]
+        b = tiny_gpt(idx[:, 9:], cache=other)[0]
+        assert other.length == 4 and other.position == 10
     assert torch.allclose(a, b)
 
 
@@ -181,16 +179,20 @@ def test_positions_past_the_cache_are_a_context_limit(tiny_gpt):
     assert (cache.length, cache.position) == (4, 9)
 
 
-def test_h2o_without_its_queries_says_how_to_run_it(tiny_gpt):
+def test_h2o_sees_the_queries_through_the_model_and_refuses_a_write_without_them(tiny_gpt):
     cache = HeavyHitterCache(tiny_gpt.config, 1, budget=4, recent=2)
-    with pytest.raises(RuntimeError, match="forward_with_cache"), torch.inference_mode():
-        tiny_gpt(tokens(tiny_gpt, 3), cache=cache)
-    assert (cache.length, cache.position) == (0, 0)
+    with torch.inference_mode():
+        tiny_gpt(tokens(tiny_gpt, 3), cache=cache)          # GPT.forward runs inside cache.attending(model)
+    assert (cache.length, cache.position) == (3, 3)
+    k = torch.zeros(1, tiny_gpt.config.n_head, 1, tiny_gpt.config.head_size)
+    with pytest.raises(RuntimeError, match="queries"):
+        cache.write(0, k, k)                                 # a write outside a forward pass: no queries seen
+    assert (cache.length, cache.position) == (3, 3)
 
 
 def test_padded_prompts_and_other_caches_are_refused(tiny_gpt):
     idx, mask = pad_prompts([[1, 2, 3], [4, 5]])
-    with pytest.raises(ValueError, match="padded prompts"):
+    with pytest.raises(ValueError, match="key_mask"):
         generate(tiny_gpt, idx, 3, temperature=0, key_mask=mask, decoder=cache_decoder(SinkCache, sinks=1, window=4))
     with pytest.raises(TypeError, match="cache must be an EvictingCache"):
         forward_with_cache(tiny_gpt, idx, QuantizedKVCache(tiny_gpt.config, 2))

@@ -342,7 +342,7 @@ add("decoding", "CacheDecoder", "cache", [(k, ValueError) for k in other_caches]
     lambda w, o, v: CacheDecoder(w.model, other_caches[v](w)))
 add("decoding", "CacheDecoder", "model", [("m", TypeError), (None, TypeError), ("other", ValueError), ("nan", ValueError)],
     lambda w, o, v: CacheDecoder(pick(w, v), QuantizedKVCache(w.cfg, 1)))
-add("decoding", "CacheDecoder.__call__", "padded prompts", [(torch.ones(2, 1, dtype=torch.bool), ValueError)],
+add("decoding", "CacheDecoder.__call__", "key_mask", [(torch.ones(2, 1, dtype=torch.bool), ValueError)],
     lambda w, o, v: CacheDecoder(w.model, o)(torch.ones(2, 1, dtype=torch.long), key_mask=v),
     lambda w: SinkCache(w.cfg, 2, sinks=1, window=3), evict_state)
 add("decoding", "CacheDecoder", "cache must be empty", [(None, ValueError)],

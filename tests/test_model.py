@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvlib.model import GPT, GPTConfig, KVCache, causal_mask
-from kvlib.checks import ContextLimitError
+from kvlib.cache import ContextLimitError
 
 CHAR_VOCAB, BPE_VOCAB = 7_184, 512
 

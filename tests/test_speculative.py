@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib.checks import ContextLimitError
+from kvlib.cache import ContextLimitError
 from kvlib.decoding import generate
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 import os
 
-from ..checks import ContextLimitError, check_multi_head, check_pair, check_seed
+from ..checks import check_pair, check_seed
+from ..cache import ContextLimitError, check_multi_head
 from ..model import GPT
 from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,

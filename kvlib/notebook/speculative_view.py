@@ -13,7 +13,8 @@ import html
 
 import torch
 
-from ..checks import check_int, check_multi_head, check_pair
+from ..checks import check_int, check_pair
+from ..cache import check_multi_head
 from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
 from ..tokenizer import decode_complete, token_label

@@ -18,8 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..checks import check_int, check_model, check_real
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
-from ..timing import Timing, describe_machine, interleaved, machine, verdict
-from ..timing import MAX_THREADS
+from ..timing import MAX_THREADS, Timing, describe_machine, interleaved, machine, verdict
 from ..timing import threads as thread_count
 
 BENCH_EXTRA = "pip install -e .[bench]"

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..checks import check_int, check_pair, check_text, check_tokenizer
-from ..model import check_gpt
+from ..model import GPT, KVCache, check_gpt
 from ..compress import grouped, latent
 from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache
-from ..model import GPT, KVCache
 from ..quality import cache_cost, stepwise_logits
 from ..quantized import QuantizedKVCache
 from . import corpus

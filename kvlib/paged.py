@@ -8,7 +8,8 @@ Three parts, along nano-vllm's seams: the bookkeeping (:class:`kvlib.blocks.Bloc
 block holds what, for whom; no tensors), the keys and values (:class:`KVPool`), and the runner
 (:class:`PagedKVCache`: it asks the bookkeeping, reserves, builds each pass's slot mapping as a
 :class:`PagedBatch`, and runs the model over it). Reading order: ``KVPool`` -> ``PagedKVCache`` ->
-``PagedBatch``; ``kvlib.verify.verify_paged`` proves that none of this changes an output.
+``PagedBatch``, then ``parallel_sample`` (forks sharing a prompt's blocks); ``kvlib.verify.verify_paged``
+proves that none of this changes an output.
 
 Shapes: L layers, N blocks, b block size, H heads, D head size; B sequences, T new tokens, S keys.
 """
@@ -22,11 +23,13 @@ import torch
 
 from .blocks import KV_BLOCK_SIZE, BlockManager, BlockTable, block_hash, ceil_div  # noqa: F401  (re-exported)
 from .checks import (check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
-                     check_key, check_logits, check_model)
+                     check_key, check_logits, check_model, check_seed)
 from .cache import ContextLimitError, check_cache_made_for, check_multi_head
 from .decoding import DECODERS
 from .fast import PagedStep
 from .model import GPT, GPTConfig
+from .sampling import check_sampling, sample_next
+from .weights import check_weights
 
 MAX_POSITIONS = 2**22  # a pool holds at most this many positions (num_blocks x kv_block_size)
 
@@ -409,3 +412,62 @@ class PagedBatch:
         n = check_int("n", n, 0, self.length, f"an int in [0, {self.length}] (tokens to keep per sequence)")
         for sid in self.sids:
             self.cache.truncate(sid, min(n, self.cache.table(sid).length))
+
+
+MAX_PARALLEL = 1024  # continuations of one prompt
+
+
+@torch.inference_mode()
+def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
+                    top_k: int | None = 40, seed: int = 0, kv_block_size: int = KV_BLOCK_SIZE,
+                    banned: tuple[int, ...] = ()) -> dict:
+    """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
+
+    The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). A
+    continuation that writes into the shared, partly filled last block while others still use it
+    copies that block first (copy-on-write): ``n - 1`` copies, the last writer finds the block its
+    own. The full blocks stay shared to the end. ``banned`` token ids are never drawn
+    (the poem separator, say, to keep every continuation inside the poem).
+    """
+    check_model(model)
+    check_weights(model)
+    cfg = model.config
+    prompt = check_id_list("prompt", prompt, cfg.vocab_size, max_len=cfg.block_size - 1)
+    n = check_int("n", n, 1, MAX_PARALLEL)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, cfg.block_size - len(prompt),
+                               f"an int in [1, {cfg.block_size - len(prompt)}] for a {len(prompt)}-token prompt "
+                               f"and block size {cfg.block_size}")
+    temperature, top_k, _ = check_sampling(temperature, top_k, None)
+    seed = check_seed(seed)
+    kv_block_size = check_int("kv_block_size", kv_block_size, 1, cfg.block_size,
+                              f"an int in [1, {cfg.block_size}] (the model's block size at most)")
+    if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
+        raise TypeError(f"banned must be a tuple of token ids, got {banned!r:.60}")
+    banned = tuple(sorted(set(check_id_list("banned", list(banned), cfg.vocab_size, min_len=0))))
+    if len(banned) >= cfg.vocab_size:
+        raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
+    need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
+    cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
+    cache.add_sequence(0, prompt)
+    logits = cache.forward(model, [0], [prompt])
+    prompt_blocks = cache.block_manager.blocks_of(0)
+    for i in range(1, n):
+        cache.fork(0, i)
+    shared_after_fork = cache.used_blocks()
+    gen = torch.Generator().manual_seed(seed)
+    logits = logits.expand(n, -1)
+    outputs = [[] for _ in range(n)]
+    for step in range(max_new_tokens):
+        if banned:
+            logits = logits.clone()
+            logits[:, list(banned)] = float("-inf")
+        nxt = sample_next(logits, temperature, top_k, None, gen)[:, 0].tolist()
+        for o, t in zip(outputs, nxt):
+            o.append(t)
+        if step + 1 < max_new_tokens:
+            logits = cache.forward(model, list(range(n)), [[t] for t in nxt])
+    return {"n": n, "prompt_tokens": len(prompt), "prompt_blocks": len(prompt_blocks),
+            "blocks_after_fork": shared_after_fork, "blocks_at_end": cache.used_blocks(),
+            "blocks_without_sharing": n * len(cache.block_manager.blocks_of(0)),
+            "full_prompt_blocks_still_shared": sum(cache.block_manager.blocks[b].ref_count == n for b in prompt_blocks),
+            "copies_on_write": cache.copies_on_write, "outputs": outputs}

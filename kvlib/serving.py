@@ -3,7 +3,7 @@
 Reading order: ``Request`` (who asks what, when; ``kvlib.tools.traces`` draws them from the corpus) -> ``Clock`` (time that skips
 idle waits; ``StepClock`` counts steps instead) -> ``Engine`` (the scheduler: admit, decode everyone in one forward, retire, preempt)
 -> ``run_continuous``, ``run_one_at_a_time`` and ``run_static_batching`` (the same trace three
-ways, each returning a :class:`RunResult`) -> ``parallel_sample`` (n continuations sharing blocks).
+ways, each returning a :class:`RunResult`). Parallel sampling on the same cache is :func:`kvlib.paged.parallel_sample`.
 
 Every request here is greedy and writes exactly its ``max_new_tokens`` (the answer length taken from
 a real poem), so the three ways do the same work and must write the same tokens.
@@ -17,14 +17,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .checks import (check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real,
-                     check_seed)
+from .checks import check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real
 from .guards import all_or_nothing, one_thread_at_a_time
 from .decoding import DECODERS, generate, pad_prompts
 from .model import GPT
 from .weights import check_weights
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from .sampling import check_sampling, first_maximum, sample_next
+from .sampling import first_maximum
 
 
 @dataclass
@@ -495,62 +494,3 @@ def run_one_at_a_time(model: GPT, requests: list[Request], decoder: str = "fast"
     out = run_static_batching(model, requests, batch_size=1, decoder=decoder)
     out.name = "one at a time, static cache"
     return out
-
-
-MAX_PARALLEL = 1024  # continuations of one prompt
-
-
-@torch.inference_mode()
-def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, *, temperature: float = 0.8,
-                    top_k: int | None = 40, seed: int = 0, kv_block_size: int = KV_BLOCK_SIZE,
-                    banned: tuple[int, ...] = ()) -> dict:
-    """``n`` sampled continuations of one prompt whose prompt blocks are stored once and shared.
-
-    The prompt is prefilled once; ``n - 1`` forks share its blocks (reference counts go up). A
-    continuation that writes into the shared, partly filled last block while others still use it
-    copies that block first (copy-on-write): ``n - 1`` copies, the last writer finds the block its
-    own. The full blocks stay shared to the end. ``banned`` token ids are never drawn
-    (the poem separator, say, to keep every continuation inside the poem).
-    """
-    check_model(model)
-    check_weights(model)
-    cfg = model.config
-    prompt = check_id_list("prompt", prompt, cfg.vocab_size, max_len=cfg.block_size - 1)
-    n = check_int("n", n, 1, MAX_PARALLEL)
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, cfg.block_size - len(prompt),
-                               f"an int in [1, {cfg.block_size - len(prompt)}] for a {len(prompt)}-token prompt "
-                               f"and block size {cfg.block_size}")
-    temperature, top_k, _ = check_sampling(temperature, top_k, None)
-    seed = check_seed(seed)
-    kv_block_size = check_int("kv_block_size", kv_block_size, 1, cfg.block_size,
-                              f"an int in [1, {cfg.block_size}] (the model's block size at most)")
-    if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
-        raise TypeError(f"banned must be a tuple of token ids, got {banned!r:.60}")
-    banned = tuple(sorted(set(check_id_list("banned", list(banned), cfg.vocab_size, min_len=0))))
-    if len(banned) >= cfg.vocab_size:
-        raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
-    need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
-    cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
-    cache.add_sequence(0, prompt)
-    logits = cache.forward(model, [0], [prompt])
-    prompt_blocks = cache.block_manager.blocks_of(0)
-    for i in range(1, n):
-        cache.fork(0, i)
-    shared_after_fork = cache.used_blocks()
-    gen = torch.Generator().manual_seed(seed)
-    logits = logits.expand(n, -1)
-    outputs = [[] for _ in range(n)]
-    for step in range(max_new_tokens):
-        if banned:
-            logits = logits.clone()
-            logits[:, list(banned)] = float("-inf")
-        nxt = sample_next(logits, temperature, top_k, None, gen)[:, 0].tolist()
-        for o, t in zip(outputs, nxt):
-            o.append(t)
-        if step + 1 < max_new_tokens:
-            logits = cache.forward(model, list(range(n)), [[t] for t in nxt])
-    return {"n": n, "prompt_tokens": len(prompt), "prompt_blocks": len(prompt_blocks),
-            "blocks_after_fork": shared_after_fork, "blocks_at_end": cache.used_blocks(),
-            "blocks_without_sharing": n * len(cache.block_manager.blocks_of(0)),
-            "full_prompt_blocks_still_shared": sum(cache.block_manager.blocks[b].ref_count == n for b in prompt_blocks),
-            "copies_on_write": cache.copies_on_write, "outputs": outputs}

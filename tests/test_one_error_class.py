@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kvlib import generate, generate_uncached, probabilities, sample_next
-from kvlib.serving import Request, parallel_sample
+from kvlib.serving import Request
+from kvlib.paged import parallel_sample
 from kvlib.tools.traces import make_trace
 from kvlib.speculative import NgramDraft, SpeculativeDecoder, speculative_generate
 from kvlib.stepper import CacheStepper

@@ -9,8 +9,8 @@ from kvlib.cache import ContextLimitError
 from kvlib.decoding import generate
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
-                               accept_sampled, alpha_needed, expected_tokens_per_round, perfect_draft_speedup,
-                               round_us, speculative_generate)
+                               accept_sampled, expected_tokens_per_round, speculative_generate)
+from kvlib.tools.spec_bench import alpha_needed, perfect_draft_speedup, round_us
 from kvlib.verify import chi_square_homogeneity, total_variation
 
 TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)  # as conftest's tiny_gpt
@@ -208,7 +208,8 @@ def test_sampled_drafts_come_with_their_distributions(target, drafts):
 
 
 def test_the_cost_model_prices_a_round_and_finds_the_alpha_a_speed_up_needs():
-    from kvlib.speculative import alpha_needed, expected_tokens_per_round, perfect_draft_speedup, round_us
+    from kvlib.speculative import expected_tokens_per_round
+    from kvlib.tools.spec_bench import alpha_needed, perfect_draft_speedup, round_us
 
     costs = {"step_us": 100.0, "verify_us": {1: 100.0, 2: 110.0, 3: 120.0, 4: 130.0}}
     assert round_us(costs, guess_us=5.0, gamma=2) == 2 * 5.0 + 120.0

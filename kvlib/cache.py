@@ -7,11 +7,14 @@ nothing outside a cache reads its private state or asks which class it is.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from .checks import check_int, describe
+
+if TYPE_CHECKING:
+    from .model import GPTConfig
 
 
 class ContextLimitError(ValueError):

@@ -96,23 +96,6 @@ def check_model(model) -> None:
         raise TypeError(f"model must be a kvlib GPT (e.g. from load_pretrained), got {type(model).__name__}")
 
 
-def check_tokenizer(tokenizer) -> None:
-    """A kvlib tokenizer: CharTokenizer or ByteBPETokenizer (encode, decode, token_bytes, vocab_size)."""
-    if not all(hasattr(tokenizer, a) for a in ("encode", "decode", "token_bytes", "vocab_size", "eos_id")):
-        raise TypeError(f"tokenizer must be a kvlib tokenizer (CharTokenizer or ByteBPETokenizer), "
-                        f"got {type(tokenizer).__name__}")
-
-
-def check_pair(model, tokenizer) -> None:
-    """A tokenizer and a model that belong together: the same number of ids."""
-    check_model(model)
-    check_tokenizer(tokenizer)
-    v = tokenizer.vocab_size
-    if v != model.config.vocab_size:
-        raise ValueError(f"the tokenizer ({getattr(tokenizer, 'kind', '?')}, {v} ids) does not belong to the "
-                         f"model ({model.config.vocab_size} ids): load both with load_pretrained(name)")
-
-
 def check_config(config, cls) -> None:
     """A model configuration of class ``cls`` (a GPTConfig), not a dict or a number."""
     if not isinstance(config, cls):
@@ -120,38 +103,7 @@ def check_config(config, cls) -> None:
         raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}{hint}")
 
 
-def check_generator(generator) -> torch.Generator | None:
-    """A sampling loop draws from ``generator`` (a ``torch.Generator``), or from the global RNG if None."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    return generator
-
-
 # ---- tensors -----------------------------------------------------------------------------------
-
-def check_logits(logits, name: str = "logits") -> torch.Tensor:
-    """A floating (B, V) tensor with no NaN, no +inf, and at least one finite entry per row."""
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (B, V), got {type(logits).__name__}")
-    if logits.dim() != 2:
-        hint = " (for a single row use logits[None, :])" if logits.dim() == 1 else ""
-        raise ValueError(f"{name} must have shape (B, V), got shape {tuple(logits.shape)}{hint}")
-    if logits.shape[-1] == 0:
-        raise ValueError(f"{name} must have at least one vocabulary entry, got V = 0")
-    if not logits.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {logits.dtype}")
-    # A -inf entry (a banned token) is fine, but NaN, +inf, or a row with nothing left to sample
-    # cannot be turned into probabilities. One pass finds all three: a row's maximum is NaN if
-    # the row holds a NaN, +inf if it holds +inf, and -inf if every entry is -inf; the lowest and
-    # highest of the rows' maxima show any of them (NaN comes out of both). Two calls: this runs
-    # on every step of a decoder.
-    maxima = logits.amax(dim=-1)                                           # (B,)
-    if maxima.numel() and not all(map(math.isfinite, maxima.aminmax())):
-        row = int((~torch.isfinite(maxima)).nonzero()[0, 0])
-        raise ValueError(f"{name} row {row} cannot be sampled: it contains NaN or +inf, or every "
-                         f"entry is -inf; allowed are finite values and -inf for banned tokens")
-    return logits
-
 
 def describe(x) -> str:
     return f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__

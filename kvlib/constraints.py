@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_choice, check_int, check_pair, check_text, check_tokenizer
+from .checks import check_choice, check_int, check_text
+from .tokenizer import UnknownCharacterError, check_pair, check_tokenizer, is_ideograph
 from .decoding import generate
 from .poems import no_unk
-from .tokenizer import UnknownCharacterError, is_ideograph
 
 # ---- input checks of this module ------------------------------------------------------------
 

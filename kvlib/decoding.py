@@ -12,12 +12,12 @@ from typing import Callable
 
 import torch
 
-from .checks import check_generator, check_int, check_logits, check_model, describe
+from .checks import check_int, check_model, describe
+from .sampling import check_generator, check_logits, check_sampling, sample_next
 from .cache import Cache, ContextLimitError, check_cache_made_for
 from .fast import FastDecoder
 from .model import GPT, check_gpt
 from .weights import check_weights
-from .sampling import check_sampling, sample_next
 
 # ---- input checks of this module ------------------------------------------------------------
 

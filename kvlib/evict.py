@@ -10,10 +10,8 @@ How these caches meet :class:`kvlib.model.Cache` and ``GPT.forward``:
   stored"). ``GPT.forward`` sizes its causal mask from it (S = length + T keys, bottom-right
   aligned), which is exactly right for the kept keys followed by the new chunk, whichever were evicted.
 - ``position`` counts the positions written so far: the next token's position. Once something is
-  evicted it differs from ``length``, so the forward pass must be given the positions:
-  :func:`forward_with_cache` (and :func:`kvlib.decoding.cache_decoder` for ``generate``) passes
-  ``position_ids = cache.next_positions(T)``. Without them ``GPT.forward`` would number the new tokens
-  from ``length``, wrong after the first eviction, so it refuses: it says which positions to pass.
+  evicted it differs from ``length``, so the cache numbers the new tokens itself:
+  ``GPT.forward`` asks every cache for ``next_positions(T)``, and this one answers from ``position``.
 - ``write`` appends the chunk and returns every kept key plus the chunk; eviction happens in
   ``advance``, after the last layer. A prompt is therefore prefilled in full (every prompt token sees
   every earlier one) and cut down to the budget afterwards; decoding one token at a time, each new
@@ -23,8 +21,8 @@ How these caches meet :class:`kvlib.model.Cache` and ``GPT.forward``:
 
 H2O ranks keys by the attention they have received, so the cache needs each layer's queries, which
 ``write(layer, k, v)`` is not given. Rather than a second copy of the forward pass,
-:class:`HeavyHitterCache` attaches a forward pre-hook to each block's attention module while
-:func:`forward_with_cache` runs: the hook reads the attention's input, recomputes the queries with
+:class:`HeavyHitterCache` attaches a forward pre-hook to each block's attention module while the
+model runs over it (``GPT.forward`` enters ``cache.attending(model)`` around its layers): the hook reads the attention's input, recomputes the queries with
 the query third of its fused ``c_attn`` projection, and hands them to ``observe(layer, q)``. ``write``
 then computes the softmax weights over the kept keys and the new chunk (the causal mask included)
 and adds each key's column sum to its score. The model's own forward pass runs unchanged.
@@ -213,7 +211,7 @@ class HeavyHitterCache(EvictingCache):
 
     ``budget`` positions are kept in all: ``recent`` of them by recency, ``budget - recent`` by the
     attention they have received, summed over every query so far (``scores``, (B, H, K) per layer).
-    Run the model through :func:`forward_with_cache`, which hands the cache the queries.
+    The model hands the cache each layer's queries through :meth:`attending`.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, budget: int,
@@ -258,9 +256,9 @@ class HeavyHitterCache(EvictingCache):
         super().check_write(layer, k, v)
         q = self.queries[layer]
         if q is None or q.shape != k.shape:
-            raise RuntimeError("HeavyHitterCache needs each layer's queries to score the keys: run the model "
-                               "with forward_with_cache(model, idx, cache) (or generate with "
-                               "decoder=cache_decoder(HeavyHitterCache, ...)), which hands them over")
+            raise RuntimeError("HeavyHitterCache needs each layer's queries to score the keys: write through the "
+                               "model, model(idx, cache=cache) (or generate with decoder=cache_decoder(HeavyHitterCache, "
+                               "...)), which hands them over")
 
     def written(self, layer: int) -> None:
         q, self.queries[layer] = self.queries[layer], None
@@ -294,11 +292,8 @@ class HeavyHitterCache(EvictingCache):
 
 
 def forward_with_cache(model, idx: torch.Tensor, cache: EvictingCache, *, last_only: bool = False):
-    """``model(idx, cache=cache)`` for an evicting cache: the new tokens (B, T) at their true positions.
-
-    Returns the model's ``(logits, loss)``; the cache hands the model what it needs on the way
-    (H2O: the queries).
-    """
+    """``model(idx, cache=cache)`` after the evicting cache's own checks (model, ids, room), each named for
+    this cache; returns the model's ``(logits, loss)``."""
     if not isinstance(cache, EvictingCache):
         raise TypeError(f"cache must be an EvictingCache (SlidingWindowCache, SinkCache, HeavyHitterCache), "
                         f"got {type(cache).__name__}")

@@ -23,12 +23,12 @@ import torch
 
 from .blocks import KV_BLOCK_SIZE, BlockManager, BlockTable, block_hash, ceil_div  # noqa: F401  (re-exported)
 from .checks import (check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
-                     check_key, check_logits, check_model, check_seed)
+                     check_key, check_model, check_seed)
+from .sampling import check_logits, check_sampling, sample_next
 from .cache import ContextLimitError, check_cache_made_for, check_multi_head
 from .decoding import DECODERS
 from .fast import PagedStep
 from .model import GPT, GPTConfig
-from .sampling import check_sampling, sample_next
 from .weights import check_weights
 
 MAX_POSITIONS = 2**22  # a pool holds at most this many positions (num_blocks x kv_block_size)

@@ -11,11 +11,11 @@ import re
 
 import torch
 
-from .checks import check_int, check_pair, check_seed, check_text
+from .checks import check_int, check_seed, check_text
+from .tokenizer import check_pair, decode_complete, is_ideograph, token_label
 from .cache import ContextLimitError
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
-from .tokenizer import decode_complete, is_ideograph, token_label
 
 
 def unk_ids(tokenizer) -> list[int]:

@@ -29,7 +29,7 @@ __all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
 def stepwise_logits(model: GPT, idx: torch.Tensor, cache) -> torch.Tensor:
     """(B, T, V): the logits after each token of ``idx`` (B, T), fed one token a step through ``cache``."""
     check_cache(model, cache)
-    if cache.length or getattr(cache, "position", 0):
+    if cache.length:
         raise ValueError(f"cache must be empty (every token of idx is fed through it), got one holding "
                          f"{cache.length} position(s): pass a new cache, or call cache.reset()")
     check_id_tensor(idx, model.config.vocab_size, batch=cache.batch_size, room=cache.max_len)

@@ -13,7 +13,6 @@ import numbers
 
 import torch
 
-from .checks import check_generator, check_logits
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "first_maximum",
            "check_sampling"]
@@ -126,7 +125,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)  # (B, 1)
 
 
-# ---- the settings' own checks ---------------------------------------------------------------------
+# ---- the sampler's own checks ---------------------------------------------------------------------
 
 def check_temperature(temperature) -> float:
     """Any finite number >= 0: 0 is argmax, and sampling stays exact at both extremes (1e-300, 1e300)."""
@@ -164,3 +163,34 @@ def check_top_p(p) -> float | None:
 def check_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
     """Sampling settings as plain Python numbers, checked once before a decoding loop starts."""
     return check_temperature(temperature), check_top_k(top_k), check_top_p(top_p)
+
+
+def check_logits(logits, name: str = "logits") -> torch.Tensor:
+    """A floating (B, V) tensor with no NaN, no +inf, and at least one finite entry per row."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, V), got {type(logits).__name__}")
+    if logits.dim() != 2:
+        hint = " (for a single row use logits[None, :])" if logits.dim() == 1 else ""
+        raise ValueError(f"{name} must have shape (B, V), got shape {tuple(logits.shape)}{hint}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"{name} must have at least one vocabulary entry, got V = 0")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {logits.dtype}")
+    # A -inf entry (a banned token) is fine, but NaN, +inf, or a row with nothing left to sample
+    # cannot be turned into probabilities. One pass finds all three: a row's maximum is NaN if
+    # the row holds a NaN, +inf if it holds +inf, and -inf if every entry is -inf; the lowest and
+    # highest of the rows' maxima show any of them (NaN comes out of both). Two calls: this runs
+    # on every step of a decoder.
+    maxima = logits.amax(dim=-1)                                           # (B,)
+    if maxima.numel() and not all(map(math.isfinite, maxima.aminmax())):
+        row = int((~torch.isfinite(maxima)).nonzero()[0, 0])
+        raise ValueError(f"{name} row {row} cannot be sampled: it contains NaN or +inf, or every "
+                         f"entry is -inf; allowed are finite values and -inf for banned tokens")
+    return logits
+
+
+def check_generator(generator) -> torch.Generator | None:
+    """A sampling loop draws from ``generator`` (a ``torch.Generator``), or from the global RNG if None."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return generator

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_int, check_pair, check_seed, check_text
+from .checks import check_int, check_seed, check_text
+from .tokenizer import check_pair, decode_complete, token_label
 from .cache import ContextLimitError, check_multi_head
 from .decoding import check_cache
 from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT
 from .sampling import check_sampling, probabilities, sample_next
 from .poems import encode_prompt, without_unk
-from .tokenizer import decode_complete, token_label
 
 TOP = 10  # bars in the distribution panel
 _KEEP = object()  # set_sampling: "leave this setting as it is"

@@ -11,7 +11,7 @@ import unicodedata
 from collections import Counter
 from functools import cached_property
 
-from .checks import check_int, check_text, check_token_ids, check_tokenizer
+from .checks import check_int, check_model, check_text, check_token_ids
 
 # ---- input checks of this module ------------------------------------------------------------
 
@@ -330,3 +330,22 @@ def tokenizer_from_dict(d: dict) -> CharTokenizer | ByteBPETokenizer:
     if d.get("kind") not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer kind {d.get('kind')!r}; expected one of {sorted(TOKENIZERS)}")
     return TOKENIZERS[d["kind"]].from_dict(d)
+
+
+# ---- the contracts of tokenizers and token ids ------------------------------------------------------
+
+def check_tokenizer(tokenizer) -> None:
+    """A kvlib tokenizer: CharTokenizer or ByteBPETokenizer (encode, decode, token_bytes, vocab_size)."""
+    if not all(hasattr(tokenizer, a) for a in ("encode", "decode", "token_bytes", "vocab_size", "eos_id")):
+        raise TypeError(f"tokenizer must be a kvlib tokenizer (CharTokenizer or ByteBPETokenizer), "
+                        f"got {type(tokenizer).__name__}")
+
+
+def check_pair(model, tokenizer) -> None:
+    """A tokenizer and a model that belong together: the same number of ids."""
+    check_model(model)
+    check_tokenizer(tokenizer)
+    v = tokenizer.vocab_size
+    if v != model.config.vocab_size:
+        raise ValueError(f"the tokenizer ({getattr(tokenizer, 'kind', '?')}, {v} ids) does not belong to the "
+                         f"model ({model.config.vocab_size} ids): load both with load_pretrained(name)")

@@ -243,7 +243,7 @@ for name, setup in (("SinkCache", _sink), ("HeavyHitterCache", _h2o)):
         lambda w, o, v: o.next_positions(1, v), setup, evict_state)
 add("evict", "SinkCache.write", "at most 16", [(10, ContextLimitError)],
     lambda w, o, v: o.write(0, chunk(v), chunk(v)), _sink, evict_state)
-add("evict", "HeavyHitterCache.write", "forward_with_cache", [(1, RuntimeError), (2, RuntimeError)],
+add("evict", "HeavyHitterCache.write", "queries", [(1, RuntimeError), (2, RuntimeError)],
     lambda w, o, v: o.write(0, chunk(v), chunk(v)), _h2o, evict_state)
 add("evict", "HeavyHitterCache.observe", "q", BAD_CHUNKS, lambda w, o, v: o.observe(0, v), _h2o, evict_state)
 add("evict", "HeavyHitterCache.observe", "layer", [(2, ValueError), (-1, ValueError), ("0", TypeError)],
@@ -453,8 +453,8 @@ def test_every_bad_shrink_option_exits_2_in_one_line_naming_it(option, value, ca
 
 
 def test_the_command_lines_bounds_are_the_tools():
-    assert cli.MAX_TEXTS == shrink_bench.MAX_TEXTS
-    assert cli.SHRINK_LENGTHS == (shrink_bench.MIN_LENGTH, SHIPPED_SHAPE.block_size)
+    assert cli.parse.MAX_TEXTS == shrink_bench.MAX_TEXTS
+    assert cli.parse.SHRINK_LENGTHS == (shrink_bench.MIN_LENGTH, SHIPPED_SHAPE.block_size)
 
 
 # ---- the count ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from kvlib.decoding import generate
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import (Draft, NeuralDraft, NgramDraft, Round, SpeculativeDecoder, accept_greedy,
                                accept_sampled, expected_tokens_per_round, speculative_generate)
-from kvlib.tools.spec_bench import alpha_needed, perfect_draft_speedup, round_us
+from kvlib.tools.spec_costs import alpha_needed, perfect_draft_speedup, round_us
 from kvlib.verify import chi_square_homogeneity, total_variation
 
 TINY_SHAPE = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)  # as conftest's tiny_gpt

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_choice, check_pair
+from ..checks import check_choice
+from ..tokenizer import UnknownCharacterError, check_pair
 from ..constraints import acrostic, poem_lines
-from ..tokenizer import UnknownCharacterError
 from . import plots
 from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_column,
                    message_html, require_str, show_refusals, slider, unknown_message)

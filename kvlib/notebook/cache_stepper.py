@@ -6,14 +6,14 @@ from __future__ import annotations
 import html
 import os
 
-from ..checks import check_pair, check_seed
+from ..checks import check_seed
+from ..tokenizer import UnknownCharacterError, check_pair, decode_complete
 from ..cache import ContextLimitError, check_multi_head
 from ..model import GPT
 from ..stepper import ONE_KEY_PER_HEAD, CacheStepper, StepView, token_label
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, bars_html, check_setting, control_style, display,
                    error_message, frame, html_label, in_row, message_html, row, show_refusals, slider, step_buttons,
                    too_long_message, unknown_message)
-from ..tokenizer import UnknownCharacterError, decode_complete
 
 ROW = 20          # px per layer (cache) and per head (attention)
 LABEL_W = 64      # px for the row labels ("layer 0", "L0 h0")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checks import check_int, check_pair
+from ..checks import check_int
+from ..tokenizer import UnknownCharacterError, check_pair
 from ..poems import encode_prompt, top_next
-from ..tokenizer import UnknownCharacterError
 from .show import (LiveWidget, bars_html, check_setting, control_style, display, error_message, format_top, frame,
                    in_row, message_html, require_str, row, show_refusals, slider, too_long_message, unknown_message)
 

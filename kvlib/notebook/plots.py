@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import io
 import os
-import unicodedata
 from pathlib import Path
 
 import numpy as np
-from matplotlib import rcParams
 from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
-from matplotlib.textpath import text_to_path
 
 from ..memory import MB, SHAPES
 from ..tools.integrity import write_bytes
 from .fonts import FONT_SIZE, char_label, use_cjk_font
-
 from .show import BAR_COLOR, HIGHLIGHT_COLOR, check_setting
+from .text_fit import room_per_panel, set_title, suptitle, text_width, tick_width
 
 # Figures at most this wide (inches, at 100 dpi: 900 px) keep their text at full size in a notebook at
 # 1280x720, where JupyterLab's output area is about 900 px wide; wider figures would be shrunk.
@@ -44,92 +40,6 @@ def figure_png(fig: Figure, dpi: int = 90) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
-
-
-# ---- text that fits its panel ------------------------------------------------------------------
-
-_BREAK_AFTER = "，。、；：！？"  # a line may end after these, as after a space
-_NO_LINE_START = "，。、；：！？」』）》〉"
-_NO_LINE_END = "「『（《〈"
-
-
-def _points(size) -> float:
-    """A font size ("large", 14, ...) in points."""
-    return FontProperties(size=size).get_size_in_points()
-
-
-def _text_width(text: str, size) -> float:
-    """Width in inches of the widest line of ``text`` at font size ``size``."""
-    prop = FontProperties(size=_points(size))
-    return max(text_to_path.get_text_width_height_descent(line, prop, ismath=False)[0]
-               for line in text.split("\n")) / 72
-
-
-def _wide(ch: str) -> bool:
-    return unicodedata.east_asian_width(ch) in "WF"
-
-
-def _units(chunk: str) -> list[str]:
-    """A chunk without spaces cut where a line may break inside it: before and after each wide (CJK)
-    character, but never before closing punctuation nor after an opening bracket."""
-    units = []
-    for ch in chunk:
-        prev = units[-1][-1] if units else ""
-        if prev and (ch in _NO_LINE_START or prev in _NO_LINE_END or not (_wide(ch) or _wide(prev))):
-            units[-1] += ch
-        else:
-            units.append(ch)
-    return units
-
-
-def _wrap(text: str, width: float, size) -> str:
-    """``text`` broken into lines of at most ``width`` inches: at spaces and CJK punctuation first, and
-    between CJK characters only inside a run too long for a line."""
-    lines = []
-    for paragraph in text.split("\n"):
-        chunks, current = [], ""
-        for ch in paragraph:
-            current += ch
-            if ch.isspace() or ch in _BREAK_AFTER:
-                chunks.append(current)
-                current = ""
-        if current:
-            chunks.append(current)
-        line = ""
-        for chunk in chunks:
-            for unit in ([chunk] if _text_width(chunk.rstrip(), size) <= width else _units(chunk)):
-                if line.strip() and _text_width((line + unit).rstrip(), size) > width:
-                    lines.append(line.rstrip())
-                    line = unit.lstrip()
-                else:
-                    line += unit
-        lines.append(line.rstrip())
-    return "\n".join(lines)
-
-
-def _set_title(ax, title: str | None, width: float) -> None:
-    """An axes title wrapped to ``width`` inches (the panel's width), so it stays above its own panel."""
-    if title:
-        ax.set_title(_wrap(title, width, rcParams["axes.titlesize"]))
-
-
-def _suptitle(fig: Figure, title: str | None) -> None:
-    if title:
-        fig.suptitle(_wrap(title, fig.get_figwidth() - 0.3, rcParams["figure.titlesize"]))
-
-
-def _tick_width(labels) -> float:
-    """Inches taken left of an axes by y tick labels ``labels`` and their ticks."""
-    labels = [str(label) for label in labels]
-    return max((_text_width(label, rcParams["ytick.labelsize"]) for label in labels), default=0.0) + 0.15
-
-
-def _panel_width(fig_width: float, left: list[float]) -> float:
-    """The width of each of ``len(left)`` equal panels side by side under constrained layout, where
-    ``left[i]`` inches of tick labels (and axis label) sit left of panel i: the rest of the figure,
-    less the layout's padding around every panel, shared equally."""
-    pad = 2 * 3 / 72  # constrained layout's w_pad, on both sides of each panel
-    return (fig_width - sum(left) - pad * (len(left) + 1)) / len(left)
 
 
 # ---- bar charts -----------------------------------------------------------------------------------
@@ -165,7 +75,7 @@ def _label_bars(ax, values, labels, axes_width: float) -> None:
     pad = 4 / 72
     for y, (value, label) in enumerate(zip(values, labels)):
         bar = (value - x0) / (x1 - x0) * axes_width
-        text = _text_width(label, SMALL) + pad
+        text = text_width(label, SMALL) + pad
         outside = bar + text + 0.15 <= axes_width or bar < text + pad  # 0.15 in: room for the estimate's error
         ax.annotate(label, (value, y), xytext=(4 if outside else -4, 0), textcoords="offset points",
                     ha="left" if outside else "right", va="center", fontsize=SMALL)
@@ -178,13 +88,13 @@ def bar_top_k(chars, probs, title: str | None = None, ax=None, highlight=None) -
     if ax is None:
         fig = Figure(figsize=(6, min(MAX_HEIGHT, 1.2 + 0.42 * len(chars))), layout="constrained")
         ax = fig.add_subplot()
-        width = _panel_width(fig.get_figwidth(), [_tick_width(labels)])
+        width = room_per_panel(fig.get_figwidth(), [tick_width(labels)])
     else:
         fig = ax.figure
         width = ax.get_position().width * fig.get_figwidth()
     _bars(ax, chars, pct, highlight)
     ax.set_xlim(0, max(pct.max(initial=0) * 1.18, 1))
-    _set_title(ax, title, width)
+    set_title(ax, title, width)
     _label_bars(ax, pct, [f"{p:.1f} %" for p in pct], width)
     return fig
 
@@ -201,12 +111,12 @@ def bar_panels(panels, title: str | None = None, panel_width: float = 4.4) -> Fi
     fig = Figure(figsize=(width, min(MAX_HEIGHT, 1.4 + 0.45 * n_bars)), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
     axes[0].set_xlim(0, max(max(pct.max(initial=0) for _, pct in bars) * 1.18, 1))  # one scale for all
-    panel = _panel_width(width, [_tick_width([char_label(c) for c in chars]) for chars, _ in bars])
+    panel = room_per_panel(width, [tick_width([char_label(c) for c in chars]) for chars, _ in bars])
     for ax, (chars, pct), (_, _, sub, highlight) in zip(axes, bars, panels):
         _bars(ax, chars, pct, highlight)
-        _set_title(ax, sub, panel)
+        set_title(ax, sub, panel)
         _label_bars(ax, pct, [f"{p:.1f} %" for p in pct], panel)
-    _suptitle(fig, title)
+    suptitle(fig, title)
     return fig
 
 
@@ -225,7 +135,7 @@ def loss_curve_figure(history: list[dict], title: str = "") -> Figure:
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    _set_title(ax, title, fig.get_figwidth() - 1.2)
+    set_title(ax, title, fig.get_figwidth() - 1.2)
     return fig
 
 
@@ -251,7 +161,7 @@ def plot_token_forwards(ns, uncached, cached, prompt_length: int, measured=None)
         ax.plot([n, n], [u, c], "o", color="black", ms=6, label="counted in a real run" if i == 0 else None)
     ax.set_xlabel("new tokens N")
     ax.set_ylabel("token-forwards")
-    _set_title(ax, f"positions pushed through the network, prompt P = {prompt_length}", fig.get_figwidth() - 1.4)
+    set_title(ax, f"positions pushed through the network, prompt P = {prompt_length}", fig.get_figwidth() - 1.4)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")  # the curves start at the bottom left and rise to the right
     return fig
@@ -278,7 +188,7 @@ def plot_masks(masks: dict, row_labels: dict | None = None, col_labels=None,
         ax.grid(which="minor", color="white", lw=1.5)
         ax.tick_params(which="minor", length=0)
         ax.set_xlabel(xlabel)
-        _set_title(ax, title, width / len(masks) - _tick_width(rows) - 0.25)
+        set_title(ax, title, width / len(masks) - tick_width(rows) - 0.25)
     axes[0].set_ylabel(ylabel)
     return fig
 
@@ -307,7 +217,7 @@ def plot_cache_check(report) -> Figure:
     ax2.set_title("greedy margins")
     ax2.grid(alpha=0.3)
     ratio = min(margins) / max(report.max_abs_logit_diff, 1e-12)
-    _suptitle(fig, f"safety factor: smallest margin / largest difference ≈ {ratio:,.0f}")
+    suptitle(fig, f"safety factor: smallest margin / largest difference ≈ {ratio:,.0f}")
     handles = [*ax1.get_lines(), *ax2.get_lines()]
     fig.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncols=2)
     return fig
@@ -357,11 +267,11 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", 
     panel = MAX_WIDTH / 2 - 0.9
     ax1.set_xlabel("new tokens")
     ax1.set_ylabel("median time (ms)")
-    _set_title(ax1, title or "time to generate", panel)
+    set_title(ax1, title or "time to generate", panel)
     ax1.grid(alpha=0.3)
     ax2.set_xlabel("new tokens")
     ax2.set_ylabel(f"speed-up over {baseline}")
-    _set_title(ax2, f"speed-up = {baseline} time / cached time" + (" (median and range over rounds)" if speedups else ""),
+    set_title(ax2, f"speed-up = {baseline} time / cached time" + (" (median and range over rounds)" if speedups else ""),
                panel)
     ax2.set_ylim(0, None)
     ax2.grid(alpha=0.3)
@@ -402,9 +312,9 @@ def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
     ax.set_xlim(0, max_batch)
     top = max(max(cache_mb), weights_mb) * 1.05
     ax.set_ylim(0, top)
-    left = _tick_width([f"{top:,.0f}"]) + 0.35  # tick labels and "MB"
-    panel = _panel_width(fig.get_figwidth(), [left, _tick_width(names)])
-    _set_title(ax, f"{main.name}, {dtype},\n{main.context:,} tokens each", panel)
+    left = tick_width([f"{top:,.0f}"]) + 0.35  # tick labels and "MB"
+    panel = room_per_panel(fig.get_figwidth(), [left, tick_width(names)])
+    set_title(ax, f"{main.name}, {dtype},\n{main.context:,} tokens each", panel)
     ax.grid(alpha=0.3)
     # Below the panels: inside, for some models and batches, the legend would cover a line.
     fig.legend(handles=ax.get_lines(), loc="outside lower center", ncols=3)
@@ -418,7 +328,7 @@ def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
     ax2.invert_yaxis()
     ax2.set_xlim(0, max(per_token) * 1.3)
     ax2.set_xlabel(f"KV cache per token, {dtype} (KiB)")
-    _set_title(ax2, "blue: k, v per head (MHA)\norange: shared k, v (GQA)", panel)
+    set_title(ax2, "blue: k, v per head (MHA)\norange: shared k, v (GQA)", panel)
     ax2.spines[["top", "right"]].set_visible(False)
     _label_bars(ax2, per_token, [f"{v:,.0f} KiB ({s.attention})" for v, s in zip(per_token, shapes)], panel)
     return fig
@@ -443,7 +353,7 @@ def plot_token_grid(labels, key_mask, title: str = "") -> Figure:
     ax.grid(which="minor", color="white", lw=2)
     ax.tick_params(which="minor", length=0)
     ax.set_xlabel("column")
-    _set_title(ax, title, fig.get_figwidth() - _tick_width(rows) - 0.2)
+    set_title(ax, title, fig.get_figwidth() - tick_width(rows) - 0.2)
     return fig
 
 
@@ -514,7 +424,7 @@ def plot_cache_tradeoff(table: dict) -> Figure:
     ax.set_ylabel("KL from the full cache (nats)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="upper left")
-    _set_title(ax, f"quality lost against memory saved, {table['texts']} texts × {table['length']} tokens",
+    set_title(ax, f"quality lost against memory saved, {table['texts']} texts × {table['length']} tokens",
                fig.get_figwidth() - 1.4)
     _name_points(ax, named)
     return fig

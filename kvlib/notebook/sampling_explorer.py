@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checks import check_pair
+from ..tokenizer import UnknownCharacterError, check_pair, decode_complete, token_label
 from ..decoding import generate
 from ..sampling import probabilities
 from ..poems import encode_prompt, no_unk, unk_ids
-from ..tokenizer import UnknownCharacterError, decode_complete, token_label
 from . import plots  # noqa: F401  registers the font the bars use
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
                    in_column, message_html, require_str, row, show_refusals, slider, too_long_message, unknown_message)

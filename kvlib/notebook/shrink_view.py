@@ -10,11 +10,10 @@ from dataclasses import asdict
 
 import torch
 
-from ..checks import check_pair
+from ..tokenizer import UnknownCharacterError, check_pair, decode_complete
 from ..model import check_gpt
 from ..decoding import cache_decoder, generate
 from ..poems import encode_prompt, no_unk
-from ..tokenizer import UnknownCharacterError, decode_complete
 from ..tools.shrink_bench import check_table, converted, settings
 from .english import TRANSLATIONS
 from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str

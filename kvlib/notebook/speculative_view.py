@@ -13,11 +13,11 @@ import html
 
 import torch
 
-from ..checks import check_int, check_pair
+from ..checks import check_int
+from ..tokenizer import check_pair, decode_complete, token_label
 from ..cache import check_multi_head
 from ..speculative import SPECULATE_INSTEAD, Draft, NeuralDraft, Round, SpeculativeDecoder
 from ..poems import encode_prompt, unk_ids
-from ..tokenizer import decode_complete, token_label
 from .english import GLOSSES, TRANSLATIONS, glossed
 from .show import (FONT, HIGHLIGHT_COLOR, LiveWidget, check_setting, control_style, display, error_message, frame,
                    html_label, in_row, message_html, row, show_refusals, slider, step_buttons, too_long_message)

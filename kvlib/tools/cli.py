@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import signal
 import sys
 from pathlib import Path
 
+from . import cli_args as parse
 from .integrity import IntegrityError
 
 
@@ -357,95 +357,9 @@ def cmd_train(args) -> None:
     print(to_json(metrics))
 
 
-def _written_plainly(text: str, what: str) -> str:
-    """A number as people type it: ASCII digits, no spaces or underscores (which Python's int() and float()
-    would accept: ' 5', '1_000', full-width '５')."""
-    if not text.isascii() or text.strip() != text or "_" in text:
-        raise argparse.ArgumentTypeError(f"expected {what} in plain digits, got {text!r}")
-    return text
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(_written_plainly(text, "a whole number"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 0 <= value <= 2**64 - 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64 - 1], got {value}")
-    return value
-
-
-def _bounded(kind, low, high, what):
-    def parse(text: str):
-        try:
-            value = kind(_written_plainly(text, what))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not low <= value <= high:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be {what} in [{low:,}, {high:,}], got {text}")
-        return value
-    return parse
-
-
-def _real(allowed, ok):
-    """A parser of a number for which ``ok(value)`` holds (nan fails every comparison), ``allowed`` in words."""
-    def parse(text: str) -> float:
-        try:
-            value = float(_written_plainly(text, "a number"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
-        return value
-    return parse
-
-
-MAX_NEW_TOKENS = 100_000  # --no-cache slides past the block, so only this bounds a run's memory and time
-_token_count = _bounded(int, 1, MAX_NEW_TOKENS, "a whole number of tokens")
-_temperature = _real("a finite number >= 0 (0: greedy)", lambda t: 0 <= t < math.inf)
-_top_p = _real("a number in (0, 1] (1: no top-p filter)", lambda p: 0 < p <= 1)
-_top_k = _bounded(int, 0, 1_000_000, "a whole number (0: no top-k filter)")
-MAX_POEMS = 1_000  # evaluate writes its poems as one batch: about 0.5 MiB of cache each
-_poems = _bounded(int, 1, MAX_POEMS, "a whole number of poems")
-_shown = _bounded(int, 0, MAX_POEMS, "a whole number of poems")
-MAX_STEPS, MAX_BATCH, MAX_THREADS = 1_000_000, 1_024, 256  # far past every recipe (4,000 steps of 32 windows)
-_steps = _bounded(int, 1, MAX_STEPS, "a whole number of steps")
-_batch_size = _bounded(int, 1, MAX_BATCH, "a whole number of windows")
-_threads = _bounded(int, 1, MAX_THREADS, "a whole number of threads")
-_lr = _real("a finite number > 0", lambda lr: 0 < lr < math.inf)
-MAX_REQUESTS, MIN_RATE, MAX_RATE = 10_000, 0.01, 100_000.0  # bounds of serve's trace
-_requests = _bounded(int, 1, MAX_REQUESTS, "a whole number")
-_rate = _bounded(float, MIN_RATE, MAX_RATE, "a number of arrivals per second")
-_spec_tokens = _bounded(int, 1, 100, "a whole number of tokens")
-_rounds = _bounded(int, 1, 20, "a whole number of rounds")
-MAX_TEXTS, SHRINK_LENGTHS = 256, (16, 128)  # shrink_bench.MAX_TEXTS; MIN_LENGTH to tang-char's block, without torch
-_texts = _bounded(int, 1, MAX_TEXTS, "a whole number of texts")
-_length = _bounded(int, *SHRINK_LENGTHS, "a whole number of tokens")
-
-
-class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Each option's default after its help, once: not where the help already says it, nor a bare None."""
-
-    def _get_help_string(self, action):
-        if action.default is None or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage block above it), status 2."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", DefaultsFormatter)  # every help shows its default, once
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser = parse.OneLineParser(prog="python -m kvlib", description="Tang poems, one token at a time.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=parse.OneLineParser)
     models = ["tang-char", "tang-bpe"]
     smaller_caches = ["tang-char-gqa2", "tang-char-mqa", "tang-char-mla"]  # training.SMALLER_CACHES, without torch
 
@@ -455,15 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="continue a prompt")
     p.add_argument("--prompt", default="", help="opening text (empty: a new poem)")
     p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to write with")
-    p.add_argument("--max-new-tokens", type=_token_count, default=64,
-                   help=f"tokens to write, 1 to {MAX_NEW_TOKENS:,} (tang-bpe: a character that the last token "
+    p.add_argument("--max-new-tokens", type=parse.token_count, default=64,
+                   help=f"tokens to write, 1 to {parse.MAX_NEW_TOKENS:,} (tang-bpe: a character that the last token "
                         f"leaves unfinished is not printed)")
-    p.add_argument("--temperature", type=_temperature, default=0.8,
+    p.add_argument("--temperature", type=parse.temperature, default=0.8,
                    help="a finite number >= 0: 0 is greedy; higher flattens the distribution")
-    p.add_argument("--top-k", type=_top_k, default=40, help="keep the k most likely tokens; 0 turns the filter off")
-    p.add_argument("--top-p", type=_top_p, default=0.95,
+    p.add_argument("--top-k", type=parse.top_k, default=40, help="keep the k most likely tokens; 0 turns the filter off")
+    p.add_argument("--top-p", type=parse.top_p, default=0.95,
                    help="keep the smallest set holding this much probability, in (0, 1]; 1 turns it off")
-    p.add_argument("--seed", type=_seed, default=1337, help="seed of the sampler's own generator, 0 to 2**64 - 1")
+    p.add_argument("--seed", type=parse.seed, default=1337, help="seed of the sampler's own generator, 0 to 2**64 - 1")
     p.add_argument("--no-cache", action="store_true", help="recompute every step instead of the KV cache")
     p.add_argument("--stream", action="store_true",
                    help="write characters while they are generated (to stderr with --json)")
@@ -475,9 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="validation loss per character and format score")
     p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to score")
-    p.add_argument("--poems", type=_poems, default=200,
-                   help=f"poems to sample for the format score, 1 to {MAX_POEMS:,}")
-    p.add_argument("--show", type=_shown, default=5, help=f"sample poems to print, 0 to {MAX_POEMS:,}")
+    p.add_argument("--poems", type=parse.poems, default=200,
+                   help=f"poems to sample for the format score, 1 to {parse.MAX_POEMS:,}")
+    p.add_argument("--show", type=parse.shown, default=5, help=f"sample poems to print, 0 to {parse.MAX_POEMS:,}")
     p.add_argument("--before", metavar="DIR", help="also score the model kept in this data folder (an earlier "
                    "version's checkpoint, tokenizer and MANIFEST.json), side by side, on this corpus")
     p.set_defaults(func=cmd_evaluate)
@@ -487,15 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="many users: one at a time, static batches, continuous batching (paged)")
-    p.add_argument("--requests", type=_requests, default=64, help=f"requests in the trace, 1 to {MAX_REQUESTS}")
-    p.add_argument("--rate", type=_rate, default=1000.0, help=f"arrivals per second, in [{MIN_RATE:g}, {MAX_RATE:g}]")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the trace's arrivals and prompts")
+    p.add_argument("--requests", type=parse.requests, default=64, help=f"requests in the trace, 1 to {parse.MAX_REQUESTS}")
+    p.add_argument("--rate", type=parse.rate, default=1000.0, help=f"arrivals per second, in [{parse.MIN_RATE:g}, {parse.MAX_RATE:g}]")
+    p.add_argument("--seed", type=parse.seed, default=0, help="seed of the trace's arrivals and prompts")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("speculate", help="speculative decoding: acceptance, best γ, speed-up per draft")
-    p.add_argument("--new-tokens", type=_spec_tokens, default=64, help="tokens per prompt, 1 to 100")
-    p.add_argument("--rounds", type=_rounds, default=3, help="interleaved timing rounds, 1 to 20")
+    p.add_argument("--new-tokens", type=parse.spec_tokens, default=64, help="tokens per prompt, 1 to 100")
+    p.add_argument("--rounds", type=parse.rounds, default=3, help="interleaved timing rounds, 1 to 20")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_speculate)
@@ -503,21 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model and write it to data/")
     p.add_argument("--model", choices=models + ["tang-char-draft", *smaller_caches], default="tang-char",
                    help="the model to train (the last three: notebook 9's smaller caches, converted from tang-char)")
-    p.add_argument("--steps", type=_steps, help=f"optimiser steps, 1 to {MAX_STEPS:,} (default: the model's recipe)")
-    p.add_argument("--batch-size", type=_batch_size,
-                   help=f"windows per step, 1 to {MAX_BATCH:,} (default: the model's recipe)")
-    p.add_argument("--lr", type=_lr, help="peak learning rate, a finite number > 0 (default: the model's recipe)")
-    p.add_argument("--threads", type=_threads, help=f"torch threads, 1 to {MAX_THREADS} (default: 1)")
-    p.add_argument("--seed", type=_seed, help="seed of the initial weights and the batches (default: 1337)")
+    p.add_argument("--steps", type=parse.steps, help=f"optimiser steps, 1 to {parse.MAX_STEPS:,} (default: the model's recipe)")
+    p.add_argument("--batch-size", type=parse.batch_size,
+                   help=f"windows per step, 1 to {parse.MAX_BATCH:,} (default: the model's recipe)")
+    p.add_argument("--lr", type=parse.lr, help="peak learning rate, a finite number > 0 (default: the model's recipe)")
+    p.add_argument("--threads", type=parse.threads, help=f"torch threads, 1 to {parse.MAX_THREADS} (default: 1)")
+    p.add_argument("--seed", type=parse.seed, help="seed of the initial weights and the batches (default: 1337)")
     p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")
     p.add_argument("--restart", action="store_true",
                    help="discard an unfinished run's state in runs/<model>/ and start over")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("shrink", help="notebook 9: every way of shrinking the cache, its bytes and its cost in quality")
-    p.add_argument("--texts", type=_texts, default=50, help=f"validation texts to decode, 1 to {MAX_TEXTS}")
-    p.add_argument("--length", type=_length, default=32,
-                   help=f"tokens per text, {SHRINK_LENGTHS[0]} to {SHRINK_LENGTHS[1]} (the block)")
+    p.add_argument("--texts", type=parse.texts, default=50, help=f"validation texts to decode, 1 to {parse.MAX_TEXTS}")
+    p.add_argument("--length", type=parse.length, default=32,
+                   help=f"tokens per text, {parse.SHRINK_LENGTHS[0]} to {parse.SHRINK_LENGTHS[1]} (the block)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_shrink)
 

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..checks import check_int, check_pair, check_text, check_tokenizer
+from ..checks import check_int, check_text
+from ..tokenizer import check_pair, check_tokenizer
 from ..model import GPT, KVCache, check_gpt
 from ..compress import grouped, latent
 from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache

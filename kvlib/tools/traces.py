@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from ..checks import check_int, check_list, check_real, check_seed, check_text, check_tokenizer
+from ..checks import check_int, check_list, check_real, check_seed, check_text
+from ..tokenizer import check_tokenizer, is_ideograph
 from ..serving import Request
 from ..poems import encode_prompt
-from ..tokenizer import is_ideograph
 
 MAX_REQUESTS = 100_000  # a trace longer than this is a typo, not a classroom
 

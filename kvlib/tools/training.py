@@ -429,7 +429,7 @@ def evaluate(model: GPT, tokenizer, n_poems: int = 200, temperature: float = 0.8
              poems: list[str] | None = None) -> dict:
     """Validation loss in nats per character (comparable across tokenizers) and the format score:
     the share of lines with 5 or 7 characters in ``n_poems`` poems sampled at ``temperature``."""
-    from ..checks import check_pair
+    from ..tokenizer import check_pair
     from ..poems import format_score, write
 
     check_pair(model, tokenizer)

@@ -86,3 +86,46 @@ def test_a_cache_made_for_another_configuration_is_refused_before_anything_is_wr
     with pytest.raises(ValueError, match="made for another configuration"):
         paged.forward(tiny_gpt, [0], [[1] * 3])
     assert paged.table(0).length == 0 and paged.used_blocks() == 0
+
+
+def every_cache(model) -> dict:
+    """One of each cache kind, as a model would be run over it (name -> (cache, exact))."""
+    from kvlib import HeavyHitterCache, QuantizedKVCache, SinkCache, SlidingWindowCache
+
+    cfg = model.config
+    return {"KVCache": (KVCache(cfg, 1), True), "GrowingKVCache": (GrowingKVCache(cfg, 1), True),
+            "FastDecoder.cache": (FastDecoder(model, 1).cache, True),
+            "QuantizedKVCache, full window": (QuantizedKVCache(cfg, 1, window=cfg.block_size), True),
+            "QuantizedKVCache, 4 bits": (QuantizedKVCache(cfg, 1, bits=4), False),
+            "SlidingWindowCache": (SlidingWindowCache(cfg, 1, window=6), False),
+            "SinkCache": (SinkCache(cfg, 1, sinks=2, window=4), False),
+            "HeavyHitterCache": (HeavyHitterCache(cfg, 1, budget=6, recent=2), False)}
+
+
+@pytest.mark.parametrize("name", ["KVCache", "GrowingKVCache", "FastDecoder.cache", "QuantizedKVCache, full window",
+                                  "QuantizedKVCache, 4 bits", "SlidingWindowCache", "SinkCache", "HeavyHitterCache"])
+def test_every_cache_keeps_the_same_contract(random_gpt, name):
+    """Through the protocol alone: exact caches give the model's own logits; lossy ones run, roll back and
+    report their size; every one resets to empty."""
+    cache, exact = every_cache(random_gpt)[name]
+    cfg = random_gpt.config
+    assert isinstance(cache, Cache) and cache.config == cfg and cache.length == 0 and cache.nbytes >= 0
+    assert cache.next_positions(3).tolist() == [[0, 1, 2]] and isinstance(cache.takes_padding, bool)
+    idx = torch.randint(cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full, _ = random_gpt(idx)
+        a, _ = random_gpt(idx[:, :8], cache=cache)
+        b, _ = random_gpt(idx[:, 8:], cache=cache)
+        assert torch.isfinite(b).all() and cache.nbytes > 0, name
+        if exact:
+            assert torch.allclose(torch.cat([a, b], 1), full, atol=1e-4), name
+            assert cache.length == 12 and cache.next_positions(1).tolist() == [[12]]
+        kept = cache.length
+        cache.truncate(kept - 1)  # a roll-back of one position, then the last token again
+        assert cache.length == kept - 1
+        c, _ = random_gpt(idx[:, -1:], cache=cache)
+        assert torch.isfinite(c).all() and cache.length <= kept, name
+        if exact:
+            assert torch.allclose(c, full[:, -1:], atol=1e-4), name
+    cache.reset()
+    assert cache.length == 0 and cache.next_positions(1).tolist() == [[0]], name

@@ -38,14 +38,12 @@ import pytest
 from kvlib.notebook import catalog
 from kvlib.tools import lab as lab_setup
 
+from .chromium import CHROMIUM, CHROMIUM_FLAGS, chromium_missing
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = [nb.path for nb in catalog.NOTEBOOKS]
 ARTIFACTS = ROOT / "artifacts" / "browser"
-CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "kvlib-browser-test"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--lang=en-US"]
 RUN_TIMEOUT_S = 300  # per notebook: a guard only; each runs in under a minute under nbval on an idle machine
 CURRENT = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on show
 
@@ -56,12 +54,8 @@ LATENCY: dict[str, list[float]] = {}  # what was measured -> milliseconds, print
 
 
 def _missing() -> str | None:
-    if not CHROMIUM.exists():
-        return f"{CHROMIUM} not found (apt-get install -y chromium fonts-noto-cjk)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e .[test])"
+    if chromium_missing():
+        return chromium_missing()
     if not NOTEBOOKS:
         return "the notebook catalog is empty"
     return None

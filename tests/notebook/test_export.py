@@ -18,13 +18,11 @@ import pytest
 
 from kvlib.notebook.show import STATIC_CLASS, STATIC_NOTE
 
+from ..chromium import CHROMIUM, CHROMIUM_FLAGS, chromium_missing
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--lang=en-US"]
 
 
 def widget_cells(notebook: Path) -> list[dict]:
@@ -54,20 +52,12 @@ def test_every_widget_is_followed_by_a_separate_static_copy(notebook):
                 assert is_static_copy(after), f"{where}: no static copy right under the widget; run it again"
 
 
-def _missing() -> str | None:
-    if not CHROMIUM.exists():
-        return f"{CHROMIUM} not found (apt-get install -y chromium fonts-noto-cjk)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e .[test])"
-    return None
 
 
 @pytest.fixture(scope="module")
 def offline_page():
     """A headless Chromium page that refuses every request other than file: and data: URLs."""
-    reason = _missing()
+    reason = chromium_missing()
     if reason and os.environ.get("KVLIB_REQUIRE_BROWSER") == "1":
         pytest.fail(f"export test required (KVLIB_REQUIRE_BROWSER=1) but cannot run: {reason}")
     if reason:

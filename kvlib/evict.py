@@ -21,9 +21,9 @@ How these caches meet :class:`kvlib.model.Cache` and ``GPT.forward``:
 
 H2O ranks keys by the attention they have received, so the cache needs each layer's queries, which
 ``write(layer, k, v)`` is not given. Rather than a second copy of the forward pass,
-:class:`HeavyHitterCache` attaches a forward pre-hook to each block's attention module while the
-model runs over it (``GPT.forward`` enters ``cache.attending(model)`` around its layers): the hook reads the attention's input, recomputes the queries with
-the query third of its fused ``c_attn`` projection, and hands them to ``observe(layer, q)``. ``write``
+:class:`HeavyHitterCache` watches each layer's fused ``c_attn`` projection while the model runs over it
+(``GPT.forward`` enters ``cache.attending(model)`` around its layers; :func:`kvlib.model.watching_attention`
+hands over the queries) and keeps them with ``observe(layer, q)``. ``write``
 then computes the softmax weights over the kept keys and the new chunk (the causal mask included)
 and adds each key's column sum to its score. The model's own forward pass runs unchanged.
 
@@ -34,12 +34,11 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-import torch.nn.functional as F
 
 from .checks import check_bool, check_config, check_device, check_int
 from .cache import (ContextLimitError, check_cache_shape, check_chunk, check_id_tensor, check_multi_head,
                     check_truncate)
-from .model import GPT, GPTConfig, causal_mask
+from .model import GPT, GPTConfig, causal_mask, watching_attention
 
 __all__ = ["EvictingCache", "SlidingWindowCache", "SinkCache", "HeavyHitterCache", "forward_with_cache"]
 
@@ -225,24 +224,13 @@ class HeavyHitterCache(EvictingCache):
 
     @contextmanager
     def attending(self, model):
-        """While inside, each attention module hands this cache its queries before it writes."""
+        """While inside, each attention layer hands this cache its queries before it writes."""
         self.check_model(model)
-        handles = [block.attn.register_forward_pre_hook(self._query_hook(layer))
-                   for layer, block in enumerate(model.transformer.h)]
         try:
-            yield
+            with watching_attention(model, lambda layer, q, k, v: self.observe(layer, q)):
+                yield
         finally:
-            for h in handles:
-                h.remove()
             self.queries = [None] * self.config.n_layer  # none left over from a pass that stopped half way
-
-    def _query_hook(self, layer: int):
-        def hook(attn, args):
-            x = args[0]  # (B, T, C): the attention's input, after ln_1
-            B, T, C = x.shape
-            q = F.linear(x, attn.c_attn.weight[:C], attn.c_attn.bias[:C])  # the q third of the fused projection
-            self.observe(layer, q.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2))
-        return hook
 
     def observe(self, layer: int, q: torch.Tensor) -> None:
         """The queries (B, H, T, D) of the chunk that ``layer`` is about to write."""

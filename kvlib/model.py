@@ -9,8 +9,9 @@ The caches follow :class:`kvlib.cache.Cache`; ``GPT.forward``'s input checks sit
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -196,6 +197,28 @@ class CausalSelfAttention(nn.Module):
         # With fewer key/value heads (grouped-query attention) each serves H / Hkv query heads.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=Hkv < H)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # mask (B, 1, T, S) or None: plain causal
+
+
+@contextmanager
+def watching_attention(model: "GPT", seen: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]):
+    """While inside, each forward pass of ``model`` (multi-head attention) hands ``seen(layer, q, k, v)`` every
+    layer's queries, keys and values of the new tokens, (B, H, T, D) each, as its fused ``c_attn`` made them:
+    before the layer attends, so a cache that scores its keys by attention (H2O) sees them in time."""
+    H = model.config.n_head
+
+    def hook_for(layer: int):
+        def hook(module, inputs, out):  # out (B, T, 3C): q, k, v side by side
+            B, T, C = out.shape[0], out.shape[1], out.shape[2] // 3
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in out.split(C, dim=2))  # (B, H, T, D)
+            seen(layer, q, k, v)
+        return hook
+
+    handles = [block.attn.c_attn.register_forward_hook(hook_for(i)) for i, block in enumerate(model.transformer.h)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class LatentSelfAttention(nn.Module):

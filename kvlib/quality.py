@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .checks import check_tensor
 from .cache import check_id_tensor
 from .decoding import CacheDecoder, check_cache
-from .model import GPT, check_gpt
+from .model import GPT, check_gpt, watching_attention
 
 __all__ = ["stepwise_logits", "cache_cost", "attention_weights"]
 
@@ -75,8 +75,8 @@ def check_cost_inputs(reference, logits, targets) -> None:
 def attention_weights(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     """(L, B, H, T, T): every layer's causal attention weights over ``idx`` (B, T), multi-head models.
 
-    A forward hook keeps each layer's fused q, k, v; the weights are softmax(q k^T / sqrt(D)) under the
-    causal mask, what the model's attention computes inside its fused kernel.
+    Each layer's queries and keys, as :func:`kvlib.model.watching_attention` hands them over; the weights are
+    softmax(q k^T / sqrt(D)) under the causal mask, what the model's attention computes inside its fused kernel.
     """
     check_gpt(model)
     if not model.config.multi_head:
@@ -84,19 +84,12 @@ def attention_weights(model: GPT, idx: torch.Tensor) -> torch.Tensor:
                          f"attention_weights reads its fused q, k, v, got {model.config}")
     check_id_tensor(idx, model.config.vocab_size, room=model.config.block_size)
     captured = []
-    hooks = [block.attn.c_attn.register_forward_hook(lambda m, i, out: captured.append(out))
-             for block in model.transformer.h]
-    try:
+    with watching_attention(model, lambda layer, q, k, v: captured.append((q, k))):
         model(idx)
-    finally:
-        for h in hooks:
-            h.remove()
-    B, T = idx.shape
-    C, H = model.config.n_embd, model.config.n_head
+    T, D = idx.shape[1], model.config.head_size
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     weights = []
-    for qkv in captured:                                                   # (B, T, 3C) each
-        q, k, _ = (t.view(B, T, H, C // H).transpose(1, 2) for t in qkv.split(C, dim=2))  # (B, H, T, D)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
+    for q, k in captured:                                                  # (B, H, T, D) each
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
         weights.append(scores.masked_fill(~causal, float("-inf")).softmax(-1))
     return torch.stack(weights)

@@ -9,8 +9,8 @@ that token alone, and records what a learner wants to see:
 - which positions of which layer now hold keys, read from the cache tensor itself;
 - how the new token's query spread its attention over the cached positions, one row per head.
 
-The attention weights are not a second copy of the model: a forward hook on each layer's
-``attn.c_attn`` keeps the new token's query, and the keys are the ones stored in ``cache.k``, so
+The attention weights are not a second copy of the model: :func:`kvlib.model.watching_attention` hands
+over each layer's query of the new token, and the keys are the ones stored in ``cache.k``, so
 ``softmax(q . k / sqrt(D))`` is exactly what the model's attention computed.
 
 :mod:`kvlib.notebook.cache_stepper` draws a :class:`StepView` and wraps the stepper in a widget.
@@ -30,7 +30,7 @@ from .tokenizer import check_pair, decode_complete, token_label
 from .cache import ContextLimitError, check_multi_head
 from .decoding import check_cache
 from .guards import all_or_nothing, one_thread_at_a_time
-from .model import GPT
+from .model import GPT, watching_attention
 from .sampling import check_sampling, probabilities, sample_next
 from .poems import encode_prompt, without_unk
 
@@ -217,20 +217,12 @@ class CacheStepper:
         queries: dict[int, torch.Tensor] = {}
         me = threading.get_ident()
 
-        def keep_query(layer):
-            def hook(module, inputs, output):  # output (1, T, 3C): q, k, v of the fed tokens
-                if threading.get_ident() == me:  # not another thread's forward pass through this model
-                    C = output.shape[-1] // 3
-                    queries[layer] = output[0, -1, :C].clone()  # the last fed token's query (C,)
-            return hook
+        def keep_query(layer, q, k, v):  # q (1, H, T, D): the fed tokens' queries
+            if threading.get_ident() == me:  # not another thread's forward pass through this model
+                queries[layer] = q[0, :, -1].reshape(-1).clone()  # the last fed token's query (C,)
 
-        blocks = self.model.transformer.h
-        handles = [b.attn.c_attn.register_forward_hook(keep_query(i)) for i, b in enumerate(blocks)]
-        try:
+        with watching_attention(self.model, keep_query):
             logits, _ = self.model(torch.tensor([ids]), cache=self.cache)
-        finally:
-            for h in handles:
-                h.remove()
         self.logits = without_unk(self.tokenizer, logits[:, -1])  # (1, V): the scores the next token is drawn by
         self.attention = last_token_attention(self.cache, queries, self.model.config)
 

@@ -165,6 +165,17 @@ def check_id_list(name: str, ids, vocab_size: int | None = None, *, min_len: int
     return [int(t) for t in ids]
 
 
+def check_banned(banned, vocab_size: int) -> list[int]:
+    """Token ids never to write: a list, tuple, set or range of ids in [0, vocab_size) that leaves at least one;
+    returns them sorted, each once."""
+    if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
+        raise TypeError(f"banned must be a list of token ids, got {banned!r:.60}")
+    banned = sorted(set(check_id_list("banned", list(banned), vocab_size, min_len=0)))
+    if len(banned) >= vocab_size:
+        raise ValueError(f"banned must leave at least one token to write, got all {vocab_size} ids")
+    return banned
+
+
 def check_key(name: str, key) -> object:
     """A key for a dict (a sequence id, say): hashable, and neither a bool nor a float, which would equal an int key
     (True == 1, 0.0 == 0) or, as NaN, never equal itself."""

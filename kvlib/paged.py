@@ -22,7 +22,7 @@ from itertools import repeat
 import torch
 
 from .blocks import KV_BLOCK_SIZE, BlockManager, BlockTable, block_hash, ceil_div  # noqa: F401  (re-exported)
-from .checks import (check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
+from .checks import (check_banned, check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
                      check_key, check_model, check_seed)
 from .sampling import check_logits, check_sampling, sample_next
 from .cache import ContextLimitError, check_cache_made_for, check_multi_head
@@ -441,11 +441,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     seed = check_seed(seed)
     kv_block_size = check_int("kv_block_size", kv_block_size, 1, cfg.block_size,
                               f"an int in [1, {cfg.block_size}] (the model's block size at most)")
-    if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
-        raise TypeError(f"banned must be a tuple of token ids, got {banned!r:.60}")
-    banned = tuple(sorted(set(check_id_list("banned", list(banned), cfg.vocab_size, min_len=0))))
-    if len(banned) >= cfg.vocab_size:
-        raise ValueError(f"banned must leave at least one token to draw, got all {cfg.vocab_size} ids")
+    banned = check_banned(banned, cfg.vocab_size)
     need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
     cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)

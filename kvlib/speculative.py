@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .checks import check_choice, check_id_list, check_int, check_model, check_real
+from .checks import check_banned, check_choice, check_id_list, check_int, check_model, check_real
 from .sampling import check_generator, check_logits, first_maximum, probabilities
 from .cache import ContextLimitError, check_multi_head
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
@@ -183,11 +183,7 @@ class SpeculativeDecoder:
         _, self.settings = check_generate_inputs(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
                                                  top_p=top_p, generator=generator, eos_id=eos_id, key_mask=None,
                                                  on_context_limit="stop")
-        if isinstance(banned, (str, bytes)) or not isinstance(banned, (list, tuple, set, frozenset, range)):
-            raise TypeError(f"banned must be a list of token ids, got {banned!r:.60}")
-        self.banned = sorted(set(check_id_list("banned", list(banned), model.config.vocab_size, min_len=0)))
-        if len(self.banned) >= model.config.vocab_size:
-            raise ValueError(f"banned must leave at least one token to write, got all {model.config.vocab_size} ids")
+        self.banned = check_banned(banned, model.config.vocab_size)
         if idx.shape[0] != 1:
             raise ValueError(f"idx must hold one prompt (batch size 1) for speculative decoding, got "
                              f"{idx.shape[0]} rows: in a batch, rows keep different numbers of guesses")

@@ -245,8 +245,8 @@ class HeavyHitterCache(EvictingCache):
         q = self.queries[layer]
         if q is None or q.shape != k.shape:
             raise RuntimeError("HeavyHitterCache needs each layer's queries to score the keys: write through the "
-                               "model, model(idx, cache=cache) (or generate with decoder=cache_decoder(HeavyHitterCache, "
-                               "...)), which hands them over")
+                               "model, model(idx, cache=cache) (or generate with "
+                               "decoder=cache_decoder(HeavyHitterCache, ...)), which hands them over")
 
     def written(self, layer: int) -> None:
         q, self.queries[layer] = self.queries[layer], None

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_int, check_model
-from .cache import ContextLimitError, check_multi_head
+from .cache import CACHE_ELEMENTS_MAX, ContextLimitError, check_multi_head
 from .guards import one_thread_at_a_time
 from .model import GPT, KVCache, attention_mask
 from .weights import weights_key
@@ -59,7 +59,6 @@ __all__ = ["FastDecoder", "MAX_STEP_TOKENS", "PagedStep", "StepWeights", "additi
 
 SQRT_HALF = math.sqrt(0.5)
 MAX_STEP_TOKENS = 16  # longer chunks (a prompt) go through GPT.forward
-MAX_CACHE_ELEMENTS = 2**31  # keys and values of a decoder's cache, at most
 BLOCKED_HEAD_ROWS = 4  # from this many rows on, the head's product goes through oneDNN (see head_logits)
 
 
@@ -183,7 +182,7 @@ class FastDecoder:
         check_model(model)
         cfg = model.config
         check_multi_head(cfg, "FastDecoder", "decode it with decoder='model'")
-        top = max(1, MAX_CACHE_ELEMENTS // (2 * cfg.n_layer * cfg.n_embd * cfg.block_size))
+        top = max(1, CACHE_ELEMENTS_MAX // (2 * cfg.n_layer * cfg.n_embd * cfg.block_size))  # at any max_len
         check_int("batch_size", batch_size, 1, top, f"an int in [1, {top}] (a cache of at most 2**31 numbers)")
         probe = KVCache(cfg, batch_size, max_len, device="meta")  # checks batch_size and max_len, allocates nothing
         B = batch_size

@@ -29,10 +29,12 @@ from .model import GPT, GPTConfig, check_gpt
 __all__ = ["grouped", "latent"]
 
 
-def _empty(config: GPTConfig) -> GPT:
-    """A model of ``config`` whose weights are about to be replaced: its random start leaves the global RNG alone."""
+def _empty(config: GPTConfig, like: GPT) -> GPT:
+    """A model of ``config`` whose weights are about to be replaced, with ``like``'s dtype and device: its random
+    start leaves the global RNG alone."""
+    weight = like.lm_head.weight
     with torch.random.fork_rng(devices=[]):
-        return GPT(config)
+        return GPT(config).to(dtype=weight.dtype, device=weight.device)
 
 
 def _multi_head(model: GPT) -> GPTConfig:
@@ -49,7 +51,7 @@ def grouped(model: GPT, n_kv_head: int) -> GPT:
     n_kv_head = check_int("n_kv_head", n_kv_head, 1, H, f"an int in [1, {H}] that divides n_head = {H}")
     if H % n_kv_head:
         raise ValueError(f"n_kv_head must divide n_head = {H}, got {n_kv_head}")
-    out = _empty(replace(cfg, n_kv_head=n_kv_head if n_kv_head < H else 0))
+    out = _empty(replace(cfg, n_kv_head=n_kv_head if n_kv_head < H else 0), model)
     state = copy.deepcopy(model.state_dict())
     for i in range(cfg.n_layer):
         for name in ("weight", "bias"):
@@ -68,7 +70,7 @@ def latent(model: GPT, rank: int) -> GPT:
     C = cfg.n_embd
     # The stacked (2C, C) projection has rank C at most: a latent of C already reproduces it exactly.
     rank = check_int("rank", rank, 1, C, f"an int in [1, {C}] (n_embd: the rank of the key/value projection)")
-    out = _empty(replace(cfg, kv_latent=rank))
+    out = _empty(replace(cfg, kv_latent=rank), model)
     state = copy.deepcopy(model.state_dict())
     for i in range(cfg.n_layer):
         pre = f"transformer.h.{i}.attn."

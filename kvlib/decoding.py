@@ -21,6 +21,8 @@ from .weights import check_weights
 
 # ---- input checks of this module ------------------------------------------------------------
 
+MAX_NEW_TOKENS = 1_000_000  # a run's length at most: the recompute loop slides past the block, so only this bounds it
+
 def check_generate_inputs(model, idx, max_new_tokens, *, temperature, top_k, top_p, generator, eos_id, key_mask,
                           on_context_limit) -> tuple[torch.Tensor | None, tuple]:
     """Everything ``generate`` is given, checked once; returns (key_mask as bool, sampling settings)."""
@@ -73,21 +75,18 @@ def check_prompt(idx, key_mask, max_new_tokens, vocab_size: int | None) -> torch
                         f"got {describe(idx)}")
     if idx.shape[0] == 0 or idx.shape[1] == 0:
         raise ValueError(f"idx must hold at least one token in at least one row, got shape {tuple(idx.shape)}")
-    check_int("max_new_tokens", max_new_tokens, 0)
+    check_int("max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS,
+              f"an int in [0, {MAX_NEW_TOKENS:,}] (each new token takes room in the output)")
     if int(idx.min()) < 0 or (vocab_size is not None and int(idx.max()) >= vocab_size):
         top = "" if vocab_size is None else f", {vocab_size}"
         hint = "" if vocab_size is None else " (the model's vocabulary: were the ids made by another model's tokenizer?)"
-        raise ValueError(f"idx: token ids must lie in [0{top}), got {int(idx.min())}..{int(idx.max())}{hint}")
+        allowed = f"ids in [0{top})" if top else "ids >= 0"
+        raise ValueError(f"idx holds token ids {int(idx.min())}..{int(idx.max())}; allowed are {allowed}{hint}")
     if key_mask is None:
         return None
-    if not isinstance(key_mask, torch.Tensor) or key_mask.shape != idx.shape:
-        got = tuple(key_mask.shape) if isinstance(key_mask, torch.Tensor) else type(key_mask).__name__
-        raise ValueError(f"key_mask must have the shape of idx {tuple(idx.shape)}, got {got}")
-    if key_mask.dtype != torch.bool:
-        if key_mask.is_complex() or not bool(((key_mask == 0) | (key_mask == 1)).all()):
-            raise ValueError(f"key_mask must hold only True/False (or 1/0), got {describe(key_mask)} "
-                             f"with other values")
-        key_mask = key_mask.bool()
+    if isinstance(key_mask, torch.Tensor) and key_mask.shape != idx.shape:
+        raise ValueError(f"key_mask must have the shape of idx {tuple(idx.shape)}, got {tuple(key_mask.shape)}")
+    key_mask = check_key_mask(key_mask).bool()
     if int(key_mask.sum(-1).min()) == 0:
         raise ValueError("every row of key_mask needs at least one real token")
     # Left padding: in each row the padding (False) comes first, then only real tokens (True).
@@ -158,9 +157,19 @@ def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor
 
 def position_ids_from_mask(key_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) positions that count real tokens only: padding sits at 0 and is never attended."""
+    check_key_mask(key_mask)
+    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def check_key_mask(key_mask) -> torch.Tensor:
+    """A key mask: a 2-D tensor (B, T) of True/False (or 1/0), no other value."""
     if not isinstance(key_mask, torch.Tensor):
         raise TypeError(f"key_mask must be a (B, T) tensor of True/False, got {type(key_mask).__name__}")
-    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if key_mask.dim() != 2:
+        raise ValueError(f"key_mask must be a (B, T) tensor of True/False, got shape {tuple(key_mask.shape)}")
+    if key_mask.dtype != torch.bool and (key_mask.is_complex() or not bool(((key_mask == 0) | (key_mask == 1)).all())):
+        raise ValueError(f"key_mask must hold only True/False (or 1/0), got {describe(key_mask)} with other values")
+    return key_mask
 
 
 class CachedDecoder:

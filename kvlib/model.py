@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .cache import (Cache, ContextLimitError, PositionsFromLength, check_cache_made_for, check_cache_shape,
                     check_truncate)
-from .checks import check_config, check_int, describe
+from .checks import check_config, check_device, check_int, describe
 from .weights import check_weights
 
 
@@ -81,6 +81,7 @@ class KVCache(PositionsFromLength):
         check_config(config, GPTConfig)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r}")
+        device = check_device(device)
         batch_size, max_len = check_cache_shape(config, batch_size, max_len)  # at most 2**31 numbers in all
         heads, key_size, value_size = config.cache_shape
         shape = (config.n_layer, batch_size, heads, max_len, key_size)

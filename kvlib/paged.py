@@ -28,6 +28,7 @@ from .sampling import check_logits, check_sampling, sample_next
 from .cache import ContextLimitError, check_cache_made_for, check_multi_head
 from .decoding import DECODERS
 from .fast import PagedStep
+from .guards import one_thread_at_a_time
 from .model import GPT, GPTConfig
 from .weights import check_weights
 
@@ -129,18 +130,22 @@ class PagedKVCache:
         return self.block_manager.stored_tokens()
 
     # -- sequences -----------------------------------------------------------------------------------
+    @one_thread_at_a_time
     def add_sequence(self, sid, prompt: list[int]) -> int:
         """Start sequence ``sid``; returns the number of prompt tokens already cached (full blocks only)."""
         prompt = check_id_list("prompt", prompt, self.config.vocab_size, max_len=self.config.block_size)
         return self.block_manager.add_sequence(sid, prompt)
 
+    @one_thread_at_a_time
     def fork(self, parent, child) -> None:
         """``child`` shares every block of ``parent`` (parallel sampling): no copy until one of them writes."""
         self.block_manager.fork(parent, child)
 
+    @one_thread_at_a_time
     def free(self, sid) -> None:
         self.block_manager.free(sid)
 
+    @one_thread_at_a_time
     def truncate(self, sid, n) -> None:
         """Keep the first ``n`` tokens of sequence ``sid`` (a roll-back): blocks past them go back to the pool.
 
@@ -156,6 +161,7 @@ class PagedKVCache:
         self.table(sid)
         return self.block_manager.blocks_to_append([sid], [[0] * check_int("n_new", n_new, 0)])
 
+    @one_thread_at_a_time
     def reserve(self, sid, n_new: int) -> None:
         """Make room for ``n_new`` more tokens: copy a shared last block, then add blocks as needed.
 
@@ -236,6 +242,7 @@ class PagedKVCache:
             self.reserve(sid, len(new))
         return PagedBatch(self, list(sids), new_tokens)
 
+    @one_thread_at_a_time
     @torch.inference_mode()
     def forward(self, model: GPT, sids: list, new_tokens: list[list[int]], decoder: str = "fast") -> torch.Tensor:
         """Feed each sequence its new tokens in one batched forward; (B, V) logits of each one's last token.

@@ -12,7 +12,7 @@ import re
 import torch
 
 from .checks import check_int, check_seed, check_text
-from .tokenizer import check_pair, decode_complete, is_ideograph, token_label
+from .tokenizer import check_pair, check_tokenizer, decode_complete, is_ideograph, token_label
 from .cache import ContextLimitError
 from .decoding import GenerationResult, generate, pad_prompts
 from .sampling import probabilities
@@ -48,6 +48,7 @@ def no_unk(tokenizer, then=None):
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """The separator, then ``text`` (an error names any character outside the vocabulary)."""
+    check_tokenizer(tokenizer)
     check_text(text)
     return [tokenizer.eos_id, *tokenizer.encode(text)]
 

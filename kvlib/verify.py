@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import check_int, check_model, check_real, check_token_ids
+from .checks import check_int, check_model, check_real, check_token_ids, describe
 from .cache import ContextLimitError
 from .decoding import CachedDecoder, check_token_lists, generate, generate_uncached, pad_prompts
 from .model import GPT
@@ -17,9 +17,10 @@ from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 def check_verify_inputs(model, idx, steps) -> None:
     """``verify_cache``: one int64 prompt (1, P) that fits the block, and 1 <= steps <= block - P + 1."""
     check_model(model)
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.dtype != torch.long:
-        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"verify_cache takes one prompt of shape (1, P), int64, got {got}")
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
+        raise TypeError(f"idx must be an int64 tensor of token ids (1, P), got {describe(idx)}")
+    if idx.dim() != 2 or idx.shape[0] != 1:
+        raise ValueError(f"idx must hold one prompt, shape (1, P), got shape {tuple(idx.shape)}")
     block = model.config.block_size
     P = idx.shape[1]
     if P == 0:

@@ -194,7 +194,7 @@ API_CASES = [
      ["key_mask", r"\(1, 3\)", r"\(1, 2\)"]),
     # generate: prompts and lengths
     ("generate negative max_new_tokens", lambda w: generate(w.model, w.idx(), -1), ValueError,
-     ["max_new_tokens", ">= 0", "got -1"]),
+     ["max_new_tokens", r"\[0, ", "got -1"]),
     ("generate float max_new_tokens", lambda w: generate(w.model, w.idx(), 2.5), TypeError,
      ["max_new_tokens", "got 2.5"]),
     ("generate list prompt", lambda w: generate(w.model, [[0, 5, 6]], 2), TypeError,
@@ -213,7 +213,7 @@ API_CASES = [
     ("generate prompt longer than block", lambda w: generate(w.model, torch.zeros(1, 20, dtype=torch.long), 2),
      ContextLimitError, ["20 tokens", "holds 16"]),
     ("generate id outside vocabulary", lambda w: generate(w.model, w.idx(0, w.tok.vocab_size), 2), ValueError,
-     [r"\[0, {v}\)", r"got 0\.\.{v}"]),
+     ["idx", r"\[0, {v}\)", r"0\.\.{v}"]),
     ("generate bad on_context_limit", lambda w: generate(w.model, w.idx(), 2, on_context_limit="wrap"),
      ValueError, ["'stop' or 'raise'", "'wrap'"]),
     ("generate key_mask without real tokens",
@@ -826,7 +826,7 @@ MASK_CASES = [
                                                      key_mask=torch.tensor([[2, 1]])), ValueError,
      ["key_mask", "True/False", "int64"]),
     ("[silent] key_mask a list", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, key_mask=[[1, 1]]),
-     ValueError, ["key_mask", r"\(1, 2\)", "list"]),
+     TypeError, ["key_mask", "list"]),
     ("[silent] key_mask of another shape", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
                                                               key_mask=torch.ones(1, 3, dtype=torch.bool)),
      ValueError, ["key_mask", r"\(1, 2\)", r"\(1, 3\)"]),
@@ -1186,8 +1186,8 @@ EDGE_CASES = [
      ["steps", r"\[1, 14\] for a 3-token prompt", "got 15"]),
     ("[edge] verify_cache prompt past the block", lambda w: verify_cache(w.model, torch.zeros(1, 17, dtype=torch.long), 1),
      ContextLimitError, ["17 tokens", "holds 16"]),
-    ("[edge] verify_cache float prompt", lambda w: verify_cache(w.model, torch.zeros(1, 3), 2), ValueError,
-     [r"\(1, P\)", "int64"]),
+    ("[edge] verify_cache float prompt", lambda w: verify_cache(w.model, torch.zeros(1, 3), 2), TypeError,
+     ["idx", "int64", "float32"]),
     ("[edge] check_batch_consistency steps 0", lambda w: _verify_mod().check_batch_consistency(
         w.model, [[0, 5], [0, 6, 7]], 0), ValueError, ["steps", r"\[1, 14\]", "got 0"]),
     ("[edge] check_batch_consistency prompt past the block", lambda w: _verify_mod().check_batch_consistency(

@@ -290,6 +290,8 @@ def plot_cache_memory(shapes=None, dtype: str = "bfloat16", max_batch: int = 32,
     line and the batch where the cache passes them. Right: KV-cache bytes per token for every model
     (blue: every head has its own k, v; orange: grouped-query attention).
     """
+    if shapes is not None and not list(shapes):
+        raise ValueError("shapes must name at least one model shape (kvlib.memory.SHAPES), got none")
     shapes = list(shapes or SHAPES.values())
     names = [s.name for s in shapes]
     if highlight not in names:

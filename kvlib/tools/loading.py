@@ -10,6 +10,11 @@ from ..tokenizer import tokenizer_from_dict
 from .integrity import DATA_DIR, DamagedFileError, IntegrityError, check_regular_file, verified_path, write_json
 
 MODELS = ("tang-char", "tang-bpe", "tang-char-draft", "tang-char-gqa2", "tang-char-mqa", "tang-char-mla")
+# What each shipped name stands for: the GPTConfig fields where it differs from the defaults, and its tokenizer's
+# kind (char unless said). training.RECIPES trains them so; a checkpoint that differs is damaged, not another model.
+ARCHITECTURES = {"tang-char": {}, "tang-bpe": {}, "tang-char-draft": {"n_layer": 1}, "tang-char-gqa2": {"n_kv_head": 2},
+                 "tang-char-mqa": {"n_kv_head": 1}, "tang-char-mla": {"kv_latent": 16}}
+TOKENIZER_KINDS = {"tang-bpe": "bpe"}
 
 
 def save_tokenizer(tokenizer, path) -> None:
@@ -51,7 +56,22 @@ def load_pretrained(name: str = "tang-char", data_dir=DATA_DIR):
         raise DamagedFileError(f"{tok_name} ({tokenizer.kind}, {tokenizer.vocab_size} ids) does not belong to "
                                f"{name} ({model.config.vocab_size} ids): the checkpoint names the wrong tokenizer "
                                f"file, or one of the two was replaced")
+    check_architecture(name, model.config, tokenizer, path)
     return model, tokenizer
+
+
+def check_architecture(name: str, config: GPTConfig, tokenizer, path) -> None:
+    """The checkpoint behind a shipped name is that name's model: its shape and its tokenizer's kind."""
+    defaults = GPTConfig(vocab_size=config.vocab_size)
+    want = {field: ARCHITECTURES[name].get(field, getattr(defaults, field))
+            for field in ("block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "kv_latent")}
+    got = {field: getattr(config, field) for field in want}
+    kind = TOKENIZER_KINDS.get(name, "char")
+    if got != want or tokenizer.kind != kind:
+        differ = ", ".join(f"{f} {got[f]} (not {want[f]})" for f in want if got[f] != want[f])
+        differ = differ or f"a {tokenizer.kind} tokenizer (not {kind})"
+        raise DamagedFileError(f"{path} does not hold {name}: {differ}; the file was replaced by another model's "
+                               f"(restore it with git, or retrain it with python -m kvlib train --model {name})")
 
 
 def model_from_checkpoint(ckpt, path) -> GPT:

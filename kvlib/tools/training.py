@@ -21,7 +21,7 @@ from ..tokenizer import ByteBPETokenizer, CharTokenizer
 from . import corpus
 from .integrity import (DATA_DIR, MANIFEST_NAME, check_regular_file, record, remove_stale_temporaries, write_bytes,
                         write_json)
-from .loading import load_tokenizer, save_tokenizer
+from .loading import ARCHITECTURES, load_tokenizer, save_tokenizer
 
 ROOT = DATA_DIR.parent
 # Notebook 9's smaller caches start from the shipped tang-char (init_from) and train on for 5 % of its steps.
@@ -38,11 +38,9 @@ UPTRAINING = {"init_from": "tang-char", "steps": 200, "lr": 1e-3, "min_lr": 1e-4
 RECIPES = {
     "tang-char": {"steps": 4000},
     "tang-bpe": {"steps": 4000},
-    "tang-char-draft": {"n_layer": 1, "steps": 800, "batch_size": 16},
+    "tang-char-draft": {**ARCHITECTURES["tang-char-draft"], "steps": 800, "batch_size": 16},
     # key/value heads mean-pooled 4 -> 2 and 4 -> 1, or keys and values from a 16-number latent (SVD)
-    "tang-char-gqa2": {**UPTRAINING, "n_kv_head": 2},
-    "tang-char-mqa": {**UPTRAINING, "n_kv_head": 1},
-    "tang-char-mla": {**UPTRAINING, "kv_latent": 16},
+    **{name: {**UPTRAINING, **ARCHITECTURES[name]} for name in SMALLER_CACHES},
 }
 
 

@@ -36,8 +36,11 @@ def test_every_notebook_starts_with_the_same_colab_cell():
 class Recorder:
     """What the cell asks IPython to run (%pip), instead of running it."""
 
+    last = None
+
     def __init__(self):
         self.magics, self.namespace = [], {}
+        Recorder.last = self
 
     def run_line_magic(self, name, line, _stack_depth=1):
         self.magics.append((name, line.format(**self.namespace)))  # IPython expands {names} the same way
@@ -58,12 +61,19 @@ def run_cell(source: str, on_colab: bool, has_kvlib: bool, monkeypatch) -> Recor
 
 
 def test_the_colab_cell_does_nothing_elsewhere(monkeypatch):
-    assert run_cell(first_code_cell(NOTEBOOKS[0]), on_colab=False, has_kvlib=False, monkeypatch=monkeypatch).magics == []
+    assert run_cell(first_code_cell(NOTEBOOKS[0]), on_colab=False, has_kvlib=True, monkeypatch=monkeypatch).magics == []
+
+
+def test_a_kernel_without_kvlib_is_told_to_choose_the_venv(monkeypatch):
+    with pytest.raises(SystemExit, match=r"has no kvlib: choose the project's \.venv"):
+        run_cell(first_code_cell(NOTEBOOKS[0]), on_colab=False, has_kvlib=False, monkeypatch=monkeypatch)
 
 
 def test_on_colab_the_cell_installs_kvlib_once_without_pinning_torch(monkeypatch):
     source = first_code_cell(NOTEBOOKS[0]).replace('KVLIB_SOURCE = ""', 'KVLIB_SOURCE = "git+https://example.org/k.git"')
-    shell = run_cell(source, on_colab=True, has_kvlib=False, monkeypatch=monkeypatch)
+    with pytest.raises(SystemExit, match="has no kvlib"):  # the fake install installs nothing
+        run_cell(source, on_colab=True, has_kvlib=False, monkeypatch=monkeypatch)
+    shell = Recorder.last
     assert shell.magics == [("pip", "install --quiet git+https://example.org/k.git")]
     assert run_cell(source, on_colab=True, has_kvlib=True, monkeypatch=monkeypatch).magics == []  # installed already
 

@@ -153,6 +153,7 @@ def cmd_generate(args) -> None:
     text = completion(tok, result)
     note = _context_note(result, len(ids), block, args.no_cache, args.max_new_tokens)
     report = {"prompt": args.prompt, "completion": text, "stop_reason": result.stop_reason, "note": note,
+              "batch_consistent": None, "consistency": None,  # asked for with --batch-prompts
               "verify": None, "benchmark": None}
     if stream_to is not None:
         stream_to.write("\n")
@@ -211,7 +212,7 @@ def _generate_batch(args) -> None:
     completions = [completion(tok, result, b) for b in range(len(prompts))]
     longest = max(map(len, ids))
     check = check_batch_consistency(model, ids, min(16, block - longest + 1))
-    report = {"prompts": prompts, "completions": completions, "stop_reason": result.stop_reason,
+    report = {"prompts": prompts, "completions": completions, "stop_reason": result.stop_reason, "note": None,
               "batch_consistent": check["consistent"],
               "consistency": {k: v for k, v in check.items() if k != "rows"}
               | {"rows": [{k: v for k, v in r.items() if k != "comparisons"} for r in check["rows"]]},

@@ -376,3 +376,14 @@ def test_numbers_must_be_written_in_plain_digits(capsys, value):
         with pytest.raises(SystemExit) as e:
             main(args)
         assert e.value.code == 2 and "plain digits" in capsys.readouterr().err
+
+
+def test_generate_json_always_carries_the_same_keys(capsys):
+    """One prompt or a batch: the same report keys, null where not asked for (batch_consistent included)."""
+    main(["generate", "--prompt", "春风", "--json", "--max-new-tokens", "4"])
+    single = json.loads(capsys.readouterr().out)
+    main(["generate", "--batch-prompts", "春风|明月", "--json", "--max-new-tokens", "4"])
+    batch = json.loads(capsys.readouterr().out)
+    common = {"stop_reason", "note", "batch_consistent", "consistency", "verify", "benchmark"}
+    assert set(single) == common | {"prompt", "completion"} and set(batch) == common | {"prompts", "completions"}
+    assert single["batch_consistent"] is None and single["consistency"] is None and batch["batch_consistent"] is True

@@ -748,3 +748,25 @@ def test_a_loop_that_parts_from_generate_only_at_a_near_tie_passes(shipped_char,
     monkeypatch.setattr(kv_cache, "greedy_agreement", lambda *a: real(*a, atol=100.0))  # every parting a near-tie
     assert check_cached_greedy(runner_up_at_step_2, model, tok, n_new=6)
     assert capsys.readouterr().out.count("near-tie") == 3
+
+
+@pytest.mark.parametrize("notebook, phrase, check, cases", [
+    ("06_batching_and_streaming", "six small batches", "check_filler_share", "cases"),
+    ("08_speculative_decoding", "six settings of α", "check_best_gamma", "cases"),
+    ("08_speculative_decoding", "eight roll-backs, one of them with blocks of 8", "check_blocks_to_free", "cases")])
+def test_the_prose_counts_the_cases_each_check_tries(notebook, phrase, check, cases):
+    """"The check tries six ...": the number words before an exercise agree with the check's own cases."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    from kvlib.notebook import exercises
+
+    words = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+    path = Path(__file__).resolve().parents[2] / "notebooks" / f"{notebook}.ipynb"
+    text = "".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
+    assert f"the check tries {phrase}" in text
+    default = inspect.signature(getattr(exercises, check)).parameters[cases].default
+    assert words[phrase.split()[0]] == len(default)
+    if "blocks of 8" in phrase:
+        assert words[phrase.split(", ")[1].split()[0]] == sum(size == 8 for *_, size in default)

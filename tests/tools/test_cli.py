@@ -18,7 +18,8 @@ def test_generate_defaults_match_the_spec():
 def test_generate_json_reports_the_full_verify_report(capsys):
     main(["generate", "--prompt", "春风", "--verify", "--json", "--max-new-tokens", "16"])
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"prompt", "completion", "stop_reason", "note", "verify", "benchmark"}
+    assert set(report) == {"prompt", "completion", "stop_reason", "note", "batch_consistent", "consistency", "verify",
+                           "benchmark"}
     assert report["prompt"] == "春风" and report["benchmark"] is None and report["note"] is None
     assert report["stop_reason"] in ("max_new_tokens", "eos")
     v = report["verify"]

@@ -259,7 +259,11 @@ def make_decoder(decoder, model: GPT, batch_size: int, max_len: int):
         decoder = DECODERS[decoder]
     elif not callable(decoder):
         raise TypeError(f"decoder must be a name, a factory or None, got {type(decoder).__name__}")
-    return decoder(model, batch_size, max_len)
+    made = decoder(model, batch_size, max_len)
+    if not callable(made):
+        raise TypeError(f"decoder: the factory returned {type(made).__name__}, not a decoder; a factory "
+                        f"(model, batch_size, max_len) must return a callable (idx, key_mask, position_ids) -> logits")
+    return made
 
 
 def _finish(out, T, n, lengths, reason, finished) -> GenerationResult:
@@ -395,7 +399,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
             logits = f(out[:, first: T + n], key_mask=window,
                        position_ids=position_ids_from_mask(window))[0][:, -1]
         if logits_hook is not None:
-            logits = logits_hook(n, out[:, : T + n], logits)
+            logits = check_hook_output(logits_hook(n, out[:, : T + n], logits), tuple(logits.shape))
         check_step_logits(logits, B)  # f is any callable: its logits are checked every step
         nxt = out[:, T + n: T + n + 1]
         nxt.copy_(sample_next(logits, temperature, top_k, top_p, generator))

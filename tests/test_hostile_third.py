@@ -135,3 +135,34 @@ def test_a_memory_figure_of_no_shapes_is_refused():
     from kvlib.notebook.plots import plot_cache_memory
 
     refused(lambda: plot_cache_memory(shapes=[]), ValueError, "shapes")
+
+
+# ---- the wrong object where a decoder or a hook is expected -------------------------------------------------------
+
+def test_a_decoder_factory_that_returns_nothing_is_named(tiny_gpt):
+    from kvlib import generate
+
+    refused(lambda: generate(tiny_gpt, torch.tensor([[1, 2]]), 2, decoder=lambda m, b, n: None), TypeError, "decoder")
+
+
+def test_a_hook_that_widens_the_logits_is_named_not_idx(tiny_gpt):
+    wider = lambda step, tokens, logits: torch.cat([logits, logits[:, :1]], dim=1)  # noqa: E731
+    message = refused(lambda: generate_uncached(tiny_gpt, torch.tensor([[1, 2]]), 2, block_size=16,
+                                                logits_hook=wider), ValueError, "logits_hook")
+    assert "idx" not in message
+
+
+# ---- sizes that make no sense -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lr", [1e300, 11.0])
+def test_a_learning_rate_that_only_overflows_is_refused(lr):
+    from kvlib.tools.training import TrainConfig
+
+    refused(lambda: TrainConfig(lr=lr), ValueError, "lr")
+
+
+@pytest.mark.parametrize("rate", [1e-300, 1e9])
+def test_a_trace_rate_outside_any_class_is_refused(tiny_char_tokenizer, rate):
+    from kvlib.tools.traces import make_trace
+
+    refused(lambda: make_trace(tiny_char_tokenizer, ["春眠不觉晓，处处闻啼鸟。"] * 4, 2, rate=rate), ValueError, "rate")

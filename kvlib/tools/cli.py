@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=parse.steps, help=f"optimiser steps, 1 to {parse.MAX_STEPS:,} (default: the model's recipe)")
     p.add_argument("--batch-size", type=parse.batch_size,
                    help=f"windows per step, 1 to {parse.MAX_BATCH:,} (default: the model's recipe)")
-    p.add_argument("--lr", type=parse.lr, help="peak learning rate, a finite number > 0 (default: the model's recipe)")
+    p.add_argument("--lr", type=parse.lr, help="peak learning rate, a number in (0, 10] (default: the model's recipe)")
     p.add_argument("--threads", type=parse.threads, help=f"torch threads, 1 to {parse.MAX_THREADS} (default: 1)")
     p.add_argument("--seed", type=parse.seed, help="seed of the initial weights and the batches (default: 1337)")
     p.add_argument("--resume", action="store_true", help="continue from runs/<model>/state.pt")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from .traces import MAX_RATE, MIN_RATE
+
 def written_plainly(text: str, what: str) -> str:
     """A number as people type it: ASCII digits, no spaces or underscores (which Python's int() and float()
     would accept: ' 5', '1_000', full-width '５')."""
@@ -60,8 +62,8 @@ MAX_STEPS, MAX_BATCH, MAX_THREADS = 1_000_000, 1_024, 256  # far past every reci
 steps = bounded(int, 1, MAX_STEPS, "a whole number of steps")
 batch_size = bounded(int, 1, MAX_BATCH, "a whole number of windows")
 threads = bounded(int, 1, MAX_THREADS, "a whole number of threads")
-lr = real("a finite number > 0", lambda lr: 0 < lr < math.inf)
-MAX_REQUESTS, MIN_RATE, MAX_RATE = 10_000, 0.01, 100_000.0  # bounds of serve's trace
+lr = real("a number in (0, 10] (AdamW's step size)", lambda lr: 0 < lr <= 10)
+MAX_REQUESTS = 10_000  # serve's trace, at most
 requests = bounded(int, 1, MAX_REQUESTS, "a whole number")
 rate = bounded(float, MIN_RATE, MAX_RATE, "a number of arrivals per second")
 spec_tokens = bounded(int, 1, 100, "a whole number of tokens")

@@ -14,6 +14,7 @@ from ..serving import Request
 from ..poems import encode_prompt
 
 MAX_REQUESTS = 100_000  # a trace longer than this is a typo, not a classroom
+MIN_RATE, MAX_RATE = 0.01, 100_000.0  # arrivals per second: slower is no trace, faster is all at once
 
 
 def _check_poems(poems) -> list[str]:
@@ -42,7 +43,8 @@ def make_trace(tokenizer, poems: list[str], n_requests: int = 32, rate: float = 
     check_tokenizer(tokenizer)
     poems = _check_poems(poems)
     n_requests = check_int("n_requests", n_requests, 1, MAX_REQUESTS)
-    rate = check_real("rate", rate, 0, open_min=True, allowed="a finite number of requests per second > 0")
+    rate = check_real("rate", rate, MIN_RATE, MAX_RATE,
+                      allowed=f"a number of requests per second in [{MIN_RATE:g}, {MAX_RATE:g}]")
     seed = check_seed(seed)
     if (not isinstance(prompt_chars, tuple) or len(prompt_chars) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in prompt_chars)):

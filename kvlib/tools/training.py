@@ -32,6 +32,7 @@ TOKENIZERS = {"tang-char": CharTokenizer, "tang-bpe": ByteBPETokenizer, "tang-ch
 # tokenizer file (checked against the manifest) instead of building a vocabulary of its own; so do the
 # models converted from tang-char.
 SHARED_TOKENIZER = {"tang-char-draft": "tang-char", **{name: "tang-char" for name in SMALLER_CACHES}}
+MAX_LR = 10.0  # a learning rate past this only overflows float32 in AdamW's update
 UPTRAINING = {"init_from": "tang-char", "steps": 200, "lr": 1e-3, "min_lr": 1e-4, "warmup": 20, "eval_every": 50}
 # Each shipped model's recipe where it differs from TrainConfig's defaults. The draft is one layer, so
 # that a step costs little; the clean corpus's tang-char trains 4,000 steps to reach 4.60 nats/char.
@@ -104,8 +105,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if not 0 < self.lr <= MAX_LR or self.min_lr > MAX_LR:
+            raise ValueError(f"lr and min_lr must be numbers in (0, {MAX_LR:g}] (AdamW's step size; ours is 3e-3), "
+                             f"got lr={self.lr!r}, min_lr={self.min_lr!r}")
         if not self.work_dir:
             self.work_dir = str(ROOT / "runs" / self.model)
 

@@ -166,3 +166,13 @@ def test_a_trace_rate_outside_any_class_is_refused(tiny_char_tokenizer, rate):
     from kvlib.tools.traces import make_trace
 
     refused(lambda: make_trace(tiny_char_tokenizer, ["春眠不觉晓，处处闻啼鸟。"] * 4, 2, rate=rate), ValueError, "rate")
+
+
+# ---- a tool given a model it does not measure ---------------------------------------------------------------------
+
+def test_the_shrink_table_says_which_model_it_measures(shipped_bpe):
+    from kvlib.tools.shrink_bench import shrink_table
+
+    model, tok = shipped_bpe
+    message = refused(lambda: shrink_table(model, tok, n_texts=2, length=16), ValueError, "model")
+    assert "tang-char" in message and "logits" not in message

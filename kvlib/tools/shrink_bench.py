@@ -14,7 +14,7 @@ import torch
 
 from ..checks import check_int, check_text
 from ..tokenizer import check_pair, check_tokenizer
-from ..model import GPT, KVCache, check_gpt
+from ..model import GPT, GPTConfig, KVCache, check_gpt
 from ..compress import grouped, latent
 from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from ..quality import cache_cost, stepwise_logits
@@ -133,6 +133,9 @@ def shrink_table(model: GPT, tokenizer, n_texts: int = 50, length: int = 32) -> 
     check_gpt(model)
     check_length(length, model.config.block_size)
     x, y = texts(tokenizer, n_texts, length)
+    if tokenizer.kind != "char" or model.config != GPTConfig(vocab_size=tokenizer.vocab_size):
+        raise ValueError(f"model: shrink_table measures tang-char (the model its converted and retrained rows come "
+                         f"from), got a {tokenizer.kind} model of {model.config}")
     B, T = x.shape
     reference = model(x)[0]  # one pass equals decoding through the full cache (tests/test_quality.py)
     full_bytes = KVCache(model.config, 1).bytes_per_token

@@ -335,7 +335,7 @@ def cmd_train(args) -> None:
         raise UsageError(str(e)) from None
     from dataclasses import replace
 
-    from .training import UnfinishedRunError, saved_config
+    from .training import RECIPE_FIELDS, UnfinishedRunError, saved_config
 
     if args.resume and args.restart:
         raise UsageError("--resume and --restart exclude each other: continue the saved run, or start over")
@@ -344,7 +344,13 @@ def cmd_train(args) -> None:
         if not state.exists():
             raise UsageError(f"--resume: no training state at {state}; run without --resume to start")
         try:  # the saved settings, with only the flags given now on top (train lists any difference)
-            cfg = replace(saved_config(cfg.work_dir), **overrides)
+            saved = saved_config(cfg.work_dir)
+            differ = [f"{k} {getattr(saved, k)!r} (saved) against {getattr(cfg, k)!r}" for k in RECIPE_FIELDS
+                      if getattr(saved, k) != getattr(cfg, k)]
+            if differ:
+                raise UsageError(f"--resume: {state} holds a run of another model than --model {args.model}: "
+                                 f"{'; '.join(differ)}; continue it with its own --model, or start over with --restart")
+            cfg = replace(saved, **overrides)
         except IntegrityError:
             raise
         except ValueError as e:

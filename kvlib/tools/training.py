@@ -159,6 +159,8 @@ def _save_state(path: Path, state: dict) -> None:
     write_bytes(path, buf.getvalue())
 
 
+# What names a model: a run resumed under another name, or holding another shape, is another model's run.
+RECIPE_FIELDS = ("model", "init_from", "block_size", "n_layer", "n_head", "n_embd", "n_kv_head", "kv_latent")
 # Settings that may differ between a run and its resumption: where files go, and the thread count.
 RESUMABLE_CHANGES = ("out_dir", "work_dir", "threads")
 
@@ -196,6 +198,19 @@ def config_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
     """``name: saved -> given`` for every setting that a resumed run must keep but ``cfg`` changes."""
     return [f"{f.name}: {getattr(saved, f.name)!r} -> {getattr(cfg, f.name)!r}" for f in fields(TrainConfig)
             if f.name not in RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(cfg, f.name)]
+
+
+def check_state_fits(model: GPT, weights: dict, state_path) -> None:
+    """The saved weights are the model's own: the same names and shapes (before any step runs)."""
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(weights[k].shape) if k in weights else 'missing'} (model {tuple(v.shape)})"
+             for k, v in own.items() if k not in weights or not isinstance(weights[k], torch.Tensor)
+             or weights[k].shape != v.shape]
+    wrong += [f"{k} (not in the model)" for k in weights if k not in own]
+    if wrong:
+        raise ValueError(f"--resume: the weights in {state_path} do not fit the model its settings describe "
+                         f"({model.config}): {'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''}; start over "
+                         f"with --restart")
 
 
 def check_poems(poems) -> list[str]:
@@ -326,6 +341,7 @@ def _train(cfg: TrainConfig, resume: bool, poems: list[str] | None, progress: bo
     batches = torch.Generator().manual_seed(cfg.seed)  # the data position: which windows come next
     step, history, elapsed = 0, [], 0.0
     if state is not None:
+        check_state_fits(model, state["model"], state_path)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         batches.set_state(state["batch_rng"])

@@ -228,3 +228,37 @@ def test_init_from_needs_a_shared_tokenizer():
         train_mod.TrainConfig(model="tang-bpe", init_from="tang-char")
     with pytest.raises(ValueError, match="init_from must be"):
         train_mod.TrainConfig(model="tang-char-mqa", init_from="tang-bpe")
+
+
+def test_resuming_a_state_whose_weights_are_another_models_is_refused_before_any_step(full_run, tmp_path):
+    """A state whose settings say one shape and whose weights hold another (the weights of a run with two
+    key/value heads fewer, say) is refused by name before a step runs; the state file is left as it was."""
+    import shutil
+    from dataclasses import replace
+
+    full_cfg, _ = full_run
+    work = tmp_path / "tampered"
+    shutil.copytree(full_cfg.work_dir, work)
+    state_path = work / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    key = "transformer.h.0.attn.c_attn.weight"
+    state["model"][key] = state["model"][key][: 2 * 32]       # as if keys and values were gone
+    state["step"] = 1                                       # unfinished, so resuming would train on
+    torch.save(state, state_path)
+    before = state_path.read_bytes()
+    cfg = replace(full_cfg, work_dir=str(work), out_dir=str(tmp_path / "out"))
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        train(cfg, resume=True, poems=POEMS, progress=False)
+    assert state_path.read_bytes() == before and not (tmp_path / "out" / "tang-char.pt").exists()
+
+
+def test_resume_under_another_model_name_is_refused_naming_both(tmp_path, monkeypatch, capsys):
+    from kvlib.tools import cli, training
+
+    saved = training.config_for("tang-char-mqa")
+    monkeypatch.setattr(training, "saved_config", lambda work_dir: saved)
+    monkeypatch.setattr(Path, "exists", lambda self: True if self.name == "state.pt" else Path.is_file(self))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--model", "tang-char-gqa2", "--resume"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "tang-char-mqa" in err and "tang-char-gqa2" in err and "n_kv_head" in err

@@ -27,6 +27,7 @@ from .bench import forward_flops, peak_matmul_flops, weight_bytes
 from .traces import make_trace
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
+BOUND_ROUNDING = 0.002  # a share at a bound the lengths allow is met within this (the shares are counted per step)
 SERVER_BOUND_SHARE = 0.5  # a trace measures the server if its last request arrives within this share of every run
 
 # What the notebook and the paper lead one to expect (printed against, never asserted).
@@ -246,8 +247,17 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
         "batch_vs_single_row_decode_step": step["batch_vs_single_row"],
         "paged_vs_static_decode_step": step["paged_vs_static"],
     }
-    targets = {k: {"target": TARGETS[k], "kind": "at most" if k in AT_MOST else "at least", "measured": v,
-                   "met": v <= TARGETS[k] if k in AT_MOST else v >= TARGETS[k]} for k, v in measured.items()}
+    # A KV-share goal past what the lengths allow (each request's last block partly empty) is printed as that bound.
+    bounds = {"paged_memory_share": expected_share(trace, KV_BLOCK_SIZE),
+              "paged_memory_share_block_8": expected_share(trace, SMALL_BLOCK)}
+    targets = {}
+    for k, v in measured.items():
+        goal, bound = TARGETS[k], bounds.get(k)
+        capped = bound is not None and bound < goal
+        goal = bound if capped else goal
+        met = v <= goal if k in AT_MOST else v >= goal - (BOUND_ROUNDING if capped else 0)
+        targets[k] = {"target": goal, "kind": "at most" if k in AT_MOST else "at least", "measured": v, "met": met,
+                      "bound": capped}
     verdicts = {f"continuous_vs_{k}": verdict(spans["continuous"], spans[k]) for k in ("one_at_a_time", "static")}
     ttfts = {k: Timing(k, tuple(statistics.mean(r.ttfts()) for r in v)) for k, v in every.items()}  # each run's mean
     ttft_verdicts = {f"continuous_vs_{k}": verdict(ttfts["continuous"], ttfts[k]) for k in ("one_at_a_time", "static")}
@@ -435,6 +445,7 @@ def format_report(report: dict) -> str:
                  + rest)
     lines.append("targets (this machine's measurement):")
     for k, v in report["targets"].items():
-        lines.append(f"  {k:42} {v['measured']:7.2f}  target {v['kind']} {v['target']:.2f}  "
-                     f"{'met' if v['met'] else 'not met'}")
+        goal = (f"bound {v['target']:.3f} (all the lengths allow: the goal {TARGETS[k]:.2f} cannot be reached)"
+                if v["bound"] else f"target {v['kind']} {v['target']:.2f}")
+        lines.append(f"  {k:42} {v['measured']:7.3f}  {goal}  {'met' if v['met'] else 'not met'}")
     return "\n".join(lines)

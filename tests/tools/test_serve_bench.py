@@ -37,7 +37,10 @@ def test_the_report_has_every_figure_for_every_way(report):
     assert set(report["verdicts"].values()) <= {"faster", "slower", "within noise"}
     assert set(report["ttft_verdicts"]) == set(report["verdicts"])  # time to first token, each run's mean compared
     assert set(report["ttft_verdicts"].values()) <= {"faster", "slower", "within noise"}
-    assert all(set(t) == {"target", "kind", "measured", "met"} for t in report["targets"].values())
+    assert all(set(t) == {"target", "kind", "measured", "met", "bound"} for t in report["targets"].values())
+    share = report["targets"]["paged_memory_share"]  # a goal the lengths cannot reach is printed as their bound
+    lengths_allow = report["memory_share_from_lengths"][16]
+    assert share["bound"] == (lengths_allow < 0.90) and share["target"] == min(0.90, lengths_allow)
     json.dumps(report)  # JSON-able
 
 

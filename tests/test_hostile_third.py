@@ -176,3 +176,25 @@ def test_the_shrink_table_says_which_model_it_measures(shipped_bpe):
     model, tok = shipped_bpe
     message = refused(lambda: shrink_table(model, tok, n_texts=2, length=16), ValueError, "model")
     assert "tang-char" in message and "logits" not in message
+
+
+# ---- widgets that show every refusal in place ------------------------------------------------------------------------
+
+def test_the_explorer_shows_a_lone_surrogate_refused_by_name(shipped_char):
+    from kvlib.notebook.sampling_explorer import SliderExplorer
+
+    model, tok = shipped_char
+    explorer = SliderExplorer(model, tok, "春风")
+    explorer.prompt.value = "\ud800"
+    assert explorer.update() is None and explorer.view is None
+    assert "prompt" in explorer.poem.value and "surrogate" in explorer.poem.value and not explorer.chart.value
+
+
+def test_the_speculative_view_shows_a_prompt_too_long_in_place(shipped_char):
+    from kvlib import load_pretrained
+    from kvlib.drafts import NeuralDraft
+    from kvlib.notebook.speculative_view import SpeculativeView
+
+    model, tok = shipped_char
+    view = SpeculativeView(model, tok, {"neural": NeuralDraft(load_pretrained("tang-char-draft")[0])}, prompt="春" * 200)
+    assert "prompt is too long" in view.html() and "None" not in view.html()

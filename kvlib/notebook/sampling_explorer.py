@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import check_text
 from ..tokenizer import UnknownCharacterError, check_pair, decode_complete, token_label
 from ..decoding import generate
 from ..sampling import probabilities
@@ -88,7 +89,7 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
     begins on a new line.
     """
     check_pair(model, tokenizer)
-    prompt = require_str("prompt", prompt).strip()
+    prompt = check_text(require_str("prompt", prompt), "prompt").strip()
     block = model.config.block_size
     if top_k is not None:  # None: no top-k, as everywhere in kvlib
         rule = f"top_k must be an int >= 1 and <= the vocabulary size {tokenizer.vocab_size} (None: no top-k)"

@@ -71,7 +71,8 @@ def setup() -> Path:
 
 
 def lab(args: list[str]) -> None:
-    run(setup(), "-m", "kvlib.tools.lab", *(args or [ROOT / "notebooks"]))
+    """JupyterLab on notebooks/; extra arguments go to JupyterLab (e.g. --no-browser, --port 8899)."""
+    run(setup(), "-m", "kvlib.tools.lab", ROOT / "notebooks", *args)
 
 
 def test(args: list[str]) -> None:

@@ -17,7 +17,7 @@ import torch
 import kvlib.notebook
 from kvlib import constraints, encode_prompt, pad_prompts, probabilities, top_k_filter, top_p_filter, verify_cache
 from kvlib.model import attention_mask, causal_mask
-from kvlib.notebook import plots
+from kvlib.notebook import diagrams, plots
 from kvlib.poems import top_next
 
 from .figure_checks import MAX_HEIGHT, figure_problems
@@ -149,6 +149,7 @@ def cases(char):
         **_bar_cases(model, tok),
         **_cache_cases(model, tok),
         "loss_curve_figure": [lambda: plots.loss_curve_figure(HISTORY, title="tang-char")],
+        "plot_model": [lambda: diagrams.plot_model(model.config)],                                        # notebook 4
         "plot_timing": [lambda: plots.plot_timing([16, 32, 64, 120], TIMES_MS, baseline="recompute"),
                         lambda: plots.plot_timing([16, 32, 64, 120], TIMES_MS, baseline="recompute",
                                                   speedups=TIMING_SPEEDUPS)],                       # notebook 5

@@ -569,6 +569,9 @@ def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     capsys.readouterr()
     assert not check_memory_shares(lambda bs: 100 * right(bs), model, trace, sizes=(4,), kv_positions=256)
     assert "a fraction of 1, not a percentage" in capsys.readouterr().out
+    assert not check_memory_shares(lambda bs: right(bs) * (1 - 1e-4), model, trace, sizes=(4,), kv_positions=256)
+    out = capsys.readouterr().out  # close but not equal: the expected value to six digits, and what the engine counts
+    assert f"{right(4):,.6g}" in out and "Close, but not the engine's count" in out
 
     prompts = [encode_prompt(tok, "床前明月光，疑是地上霜。" + c) for c in "举低春"]
 

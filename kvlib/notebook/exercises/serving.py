@@ -16,10 +16,13 @@ def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions:
     for size in sizes:
         want = run_continuous(model, requests, num_blocks=kv_positions // size, kv_block_size=size).memory_share
         hint = lambda got, want=want: (  # noqa: E731
-            ". A share is a fraction of 1, not a percentage" if math.isclose(got, 100 * want, rel_tol=1e-6) else "")
+            ". A share is a fraction of 1, not a percentage" if math.isclose(got, 100 * want, rel_tol=1e-6) else
+            ". Close, but not the engine's count: it adds up, over every decode step, the positions reserved "
+            "(read before finished sequences give their blocks back) and the tokens they hold, preempted and "
+            "recomputed sequences included" if math.isclose(got, want, rel_tol=0.02) else "")
         passed &= number_case(fn, (size,), f"blocks of {size}", "share",
                                lambda got, want=want: math.isclose(got, want, rel_tol=1e-6),
-                               f"memory share {100 * want:.1f} %", f"a memory share of {want:.4f}", hint)
+                               f"memory share {100 * want:.1f} %", f"a memory share of {want:,.6g}", hint)
     return passed
 
 

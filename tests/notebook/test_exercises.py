@@ -13,10 +13,11 @@ def right(model, idx, n_new):
     with torch.inference_mode():
         logits, _ = model(idx, cache=cache)  # prefill
         out = []
-        for _ in range(n_new):
+        for i in range(n_new):
             nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
             out.append(nxt.item())
-            logits, _ = model(nxt, cache=cache)  # decode: only the new token
+            if i + 1 < n_new:  # the last token is never fed back
+                logits, _ = model(nxt, cache=cache)  # decode: only the new token
     return out
 
 
@@ -742,7 +743,8 @@ def test_a_loop_that_parts_from_generate_only_at_a_near_tie_passes(shipped_char,
             for step in range(n_new):
                 nxt = logits[:, -1].topk(2).indices[:, 1 if step == 2 else 0].view(1, 1)
                 out.append(nxt.item())
-                logits, _ = model(nxt, cache=cache)
+                if step + 1 < n_new:
+                    logits, _ = model(nxt, cache=cache)
         return out
 
     assert not check_cached_greedy(runner_up_at_step_2, model, tok, n_new=6)  # at atol 1e-4: a real difference
@@ -773,3 +775,22 @@ def test_the_prose_counts_the_cases_each_check_tries(notebook, phrase, check, ca
     assert words[phrase.split()[0]] == len(default)
     if "blocks of 8" in phrase:
         assert words[phrase.split(", ")[1].split()[0]] == sum(size == 8 for *_, size in default)
+
+
+def feeds_the_last_token_back(model, idx, n_new):
+    """Right tokens, but the last new token is fed back too: P + N token-forwards instead of P + N - 1."""
+    cache = KVCache(model.config, idx.shape[0], model.config.block_size)
+    out = []
+    with torch.inference_mode():
+        logits, _ = model(idx, cache=cache)
+        for _ in range(n_new):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(nxt.item())
+            logits, _ = model(nxt, cache=cache)
+    return out
+
+
+def test_a_loop_that_feeds_the_last_token_back_is_told_so(shipped_char, capsys):
+    model, tok = shipped_char
+    assert not check_cached_greedy(feeds_the_last_token_back, model, tok, n_new=6)
+    assert "the last new token is never fed back" in capsys.readouterr().out

@@ -18,8 +18,9 @@ def check_cached_greedy(fn, model, tokenizer, n_new: int = 12, prompts=DECODE_PR
 
     Compared with ``generate(model, idx, n_new, temperature=0.0, decoder="model")`` (the same arithmetic) on each
     prompt: the new token ids must be equal, or part only at a near-tie that rounding may flip
-    (:func:`kvlib.verify.greedy_agreement`), and the loop may run at most P + n_new tokens through the model for a prompt of P (the
-    prompt once, then one token a step; a loop without the cache runs P + i tokens at step i). A mismatch is
+    (:func:`kvlib.verify.greedy_agreement`), and the loop may run at most P + n_new - 1 tokens through the model for a
+    prompt of P (the prompt once, then each new token but the last, which is never fed back; a loop without the cache
+    runs P + i tokens at step i). A mismatch is
     reported with the prompt, the step where the two first differ, and both texts.
     """
     passed, V = True, tokenizer.vocab_size
@@ -42,16 +43,18 @@ def check_cached_greedy(fn, model, tokenizer, n_new: int = 12, prompts=DECODE_PR
             ran = fed[0]
             agree = "same" if ids == expected else "differ" if len(ids) != len(expected) else \
                 greedy_agreement(model, idx[0], ids, expected)
-            if agree != "differ" and ran <= idx.shape[1] + n_new:
+            if agree != "differ" and ran <= idx.shape[1] + n_new - 1:
                 print(f"✓ {label}: the same {n_new} tokens as generate: {show(ids, tokenizer)}" if agree == "same" else
                       f"✓ {label}: the tokens part from generate's only where the model's two best scores are within "
                       f"1e-4, so rounding may pick either (a near-tie, notebook 4's section 7): {show(ids, tokenizer)}")
                 continue
             passed = False
             if agree != "differ":
+                fed_back = ran == idx.shape[1] + n_new
                 print(f"✗ {label}: the right tokens, but your loop ran {ran:,} tokens through the model for "
                       f"{n_new} new ones after a prompt of {idx.shape[1]}; with the cache it takes "
-                      f"{idx.shape[1] + n_new - 1}: the prompt once, then only each new token (the cache holds the rest)")
+                      f"{idx.shape[1] + n_new - 1}: the prompt once, then only each new token (the cache holds the rest)"
+                      + ("; the last new token is never fed back: nothing comes after it" if fed_back else ""))
             elif len(ids) != len(expected):
                 print(f"✗ {label}: expected {len(expected)} new token ids, got {len(ids)}"
                       + (": that is the prompt and the new tokens; return only the new ones"

@@ -12,17 +12,9 @@ from .checks import check_choice, check_int, check_text
 from .tokenizer import UnknownCharacterError, check_pair, check_tokenizer, is_ideograph
 from .decoding import generate
 from .poems import no_unk
+from .sampling import ban, only  # noqa: F401  (the filters constrained decoding is made of)
 
 # ---- input checks of this module ------------------------------------------------------------
-
-def check_token_mask(logits, mask, name: str) -> None:
-    """A (V,) bool mask over the vocabulary of (B, V) logits."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1 or (
-            isinstance(logits, torch.Tensor) and logits.shape[-1:] != mask.shape):
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        v = logits.shape[-1] if isinstance(logits, torch.Tensor) else "V"
-        raise ValueError(f"{name} must be a bool tensor of shape (V,) = ({v},), got {got}")
-
 
 LINE_ENDS = "，。"
 
@@ -33,18 +25,6 @@ def punctuation_mask(tokenizer) -> torch.Tensor:
     mask = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
     mask[tokenizer.punctuation_ids] = True
     return mask
-
-
-def ban(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-    """(B, V) logits with the ``banned`` (V,) tokens set to -inf."""
-    check_token_mask(logits, banned, "banned")
-    return logits.masked_fill(banned, float("-inf"))
-
-
-def only(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """(B, V) logits with everything outside ``allowed`` (V,) set to -inf."""
-    check_token_mask(logits, allowed, "allowed")
-    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def schedule_hook(schedule: list[torch.Tensor]):

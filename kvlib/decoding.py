@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .checks import check_int, check_model, describe
-from .sampling import check_generator, check_logits, check_sampling, sample_next
+from .sampling import Sampling, check_generator, check_logits, sample_next
 from .cache import Cache, ContextLimitError, check_cache_made_for
 from .fast import FastDecoder
 from .model import GPT, check_gpt
@@ -27,7 +27,7 @@ def check_generate_inputs(model, idx, max_new_tokens, *, temperature, top_k, top
                           on_context_limit) -> tuple[torch.Tensor | None, tuple]:
     """Everything ``generate`` is given, checked once; returns (key_mask as bool, sampling settings)."""
     check_model(model)
-    sampling = check_sampling(temperature, top_k, top_p)
+    sampling = Sampling(temperature, top_k, top_p)
     check_generator(generator)
     if on_context_limit not in ("stop", "raise"):
         raise ValueError(f"on_context_limit must be 'stop' or 'raise', got {on_context_limit!r}")
@@ -377,7 +377,7 @@ def generate_uncached(f: Callable, idx: torch.Tensor, max_new_tokens: int, *, bl
     ``f(window, key_mask=..., position_ids=...)``: the window's mask hides the padding (every new
     token is real) and positions count the window's real tokens, as for a row alone.
     """
-    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = Sampling(temperature, top_k, top_p)
     check_generator(generator)
     block_size = check_int("block_size", block_size, 1)
     key_mask = check_prompt(idx, key_mask, max_new_tokens, None)

@@ -10,7 +10,7 @@ import torch
 
 from .cache import check_multi_head
 from .checks import check_bool, check_id_list, check_int, check_model
-from .sampling import check_generator, check_sampling, first_maximum, probabilities
+from .sampling import Sampling, check_generator, first_maximum, probabilities
 from .fast import FastDecoder
 from .model import GPT
 from .weights import weights_key
@@ -27,8 +27,8 @@ class Draft:
 
     ``tokens`` is the whole sequence so far (prompt and accepted tokens, a list of ids); the draft
     returns up to ``gamma`` guesses of what follows and, when sampling, the (n, V) distributions q it
-    drew them from (None: each guess was certain, q one-hot). ``settings`` is (temperature, top_k,
-    top_p); temperature 0 asks for the draft's most likely tokens. A draft may keep state between
+    drew them from (None: each guess was certain, q one-hot). ``settings`` is a ``Sampling`` (temperature,
+    top_k, top_p); temperature 0 asks for the draft's most likely tokens. A draft may keep state between
     calls (a cache) but must give the same answer for the same tokens.
     """
 
@@ -154,7 +154,7 @@ def _check_propose(tokens, gamma, settings, generator, vocab_size: int):
     gamma = check_int("gamma", gamma, 0, MAX_GAMMA)
     if not isinstance(settings, (tuple, list)) or len(settings) != 3:
         raise TypeError(f"settings must be a tuple (temperature, top_k, top_p), got {settings!r:.60}")
-    settings = check_sampling(*settings)
+    settings = Sampling(*settings)
     check_generator(generator)
     return tokens, gamma, settings
 
@@ -221,10 +221,9 @@ class NeuralDraft(Draft):
         self.fed = self.fed[:keep]
         self.decoder.cache.truncate(keep)            # the roll-back: later slots will be overwritten
         logits = self._feed(list(tokens[keep:]))
-        temperature = settings[0]
         out, qs = [], []
         for i in range(gamma):
-            if temperature == 0:
+            if settings.greedy:
                 t = int(first_maximum(logits[None])[0])
             else:
                 q = probabilities(logits[None], *settings)[0]

@@ -24,7 +24,7 @@ import torch
 from .blocks import KV_BLOCK_SIZE, BlockManager, BlockTable, block_hash, ceil_div  # noqa: F401  (re-exported)
 from .checks import (check_banned, check_bool, check_choice, check_config, check_device, check_dtype, check_id_list, check_int,
                      check_key, check_model, check_seed)
-from .sampling import check_logits, check_sampling, sample_next
+from .sampling import Sampling, ban, check_logits, sample_next, token_mask
 from .cache import ContextLimitError, check_cache_made_for, check_multi_head
 from .decoding import DECODERS
 from .fast import PagedStep
@@ -444,11 +444,11 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1, cfg.block_size - len(prompt),
                                f"an int in [1, {cfg.block_size - len(prompt)}] for a {len(prompt)}-token prompt "
                                f"and block size {cfg.block_size}")
-    temperature, top_k, _ = check_sampling(temperature, top_k, None)
+    temperature, top_k, _ = Sampling(temperature, top_k, None)
     seed = check_seed(seed)
     kv_block_size = check_int("kv_block_size", kv_block_size, 1, cfg.block_size,
                               f"an int in [1, {cfg.block_size}] (the model's block size at most)")
-    banned = check_banned(banned, cfg.vocab_size)
+    banned = token_mask(check_banned(banned, cfg.vocab_size), cfg.vocab_size)  # (V,)
     need = n * ceil_div(len(prompt) + max_new_tokens, kv_block_size)
     cache = PagedKVCache.for_model(model, need, kv_block_size, enable_prefix_caching=False)
     cache.add_sequence(0, prompt)
@@ -461,10 +461,7 @@ def parallel_sample(model: GPT, prompt: list[int], n: int, max_new_tokens: int, 
     logits = logits.expand(n, -1)
     outputs = [[] for _ in range(n)]
     for step in range(max_new_tokens):
-        if banned:
-            logits = logits.clone()
-            logits[:, list(banned)] = float("-inf")
-        nxt = sample_next(logits, temperature, top_k, None, gen)[:, 0].tolist()
+        nxt = sample_next(ban(logits, banned), temperature, top_k, None, gen)[:, 0].tolist()
         for o, t in zip(outputs, nxt):
             o.append(t)
         if step + 1 < max_new_tokens:

@@ -15,7 +15,7 @@ from .checks import check_int, check_seed, check_text
 from .tokenizer import check_pair, check_tokenizer, decode_complete, is_ideograph, token_label
 from .cache import ContextLimitError
 from .decoding import GenerationResult, generate, pad_prompts
-from .sampling import probabilities
+from .sampling import ban, probabilities, token_mask
 
 
 def unk_ids(tokenizer) -> list[int]:
@@ -27,11 +27,7 @@ def unk_ids(tokenizer) -> list[int]:
 def without_unk(tokenizer, logits: torch.Tensor) -> torch.Tensor:
     """(B, V) logits with ``<unk>``'s score set to -inf, so that no sampler can pick it."""
     banned = unk_ids(tokenizer)
-    if not banned:
-        return logits
-    logits = logits.clone()
-    logits[..., banned] = float("-inf")
-    return logits
+    return ban(logits, token_mask(banned, logits.shape[-1])) if banned else logits
 
 
 def no_unk(tokenizer, then=None):

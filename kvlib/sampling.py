@@ -10,14 +10,37 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next", "first_maximum",
-           "check_sampling"]
+__all__ = ["Sampling", "ban", "only", "token_mask", "apply_temperature", "top_k_filter", "top_p_filter", "probabilities", "sample_next",
+           "first_maximum"]
 
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+class _Settings(NamedTuple):
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+
+
+class Sampling(_Settings):
+    """How the next token is chosen, checked once when made: ``Sampling(temperature, top_k, top_p)``.
+
+    A tuple, so ``sample_next(logits, *sampling, generator=g)`` and ``t, k, p = sampling`` work. Decoding
+    loops, drafts and servers make one before they start and pass it down; a bad setting is refused
+    there, before any token is written. Temperature 0 is greedy; None switches top-k or top-p off.
+    """
+
+    def __new__(cls, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None):
+        return super().__new__(cls, check_temperature(temperature), check_top_k(top_k), check_top_p(top_p))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def first_maximum(logits: torch.Tensor) -> torch.Tensor:
@@ -93,6 +116,25 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def ban(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits with the ``banned`` (V,) tokens set to -inf."""
+    check_token_mask(logits, banned, "banned")
+    return logits.masked_fill(banned, float("-inf"))
+
+
+def only(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits with everything outside ``allowed`` (V,) set to -inf."""
+    check_token_mask(logits, allowed, "allowed")
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def token_mask(ids, vocab_size: int) -> torch.Tensor:
+    """(V,) bool, True at the token ``ids`` (checked ids, such as ``check_banned``'s): the mask ``ban`` takes."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[list(ids)] = True
+    return mask
+
+
 def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None) -> torch.Tensor:
     """The distribution (B, V) that ``sample_next`` draws from: rows sum to 1, dropped tokens are 0.
@@ -101,7 +143,7 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     (first) argmax and the filters are skipped, though their arguments are still checked.
     Probabilities are float32, or float64 when the logits are float64.
     """
-    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = Sampling(temperature, top_k, top_p)
     scores = apply_temperature(logits, temperature)                       # (B, V)
     if temperature > 0:
         scores = top_p_filter(top_k_filter(scores, top_k), top_p)
@@ -119,7 +161,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     uses the global RNG, as ``torch.multinomial`` does.
     """
     check_generator(generator)
-    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = Sampling(temperature, top_k, top_p)
     if temperature == 0:
         return first_maximum(check_logits(logits)).unsqueeze(-1)           # the first maximum, as one-hot would
     return torch.multinomial(probabilities(logits, temperature, top_k, top_p), 1, generator=generator)  # (B, 1)
@@ -160,11 +202,6 @@ def check_top_p(p) -> float | None:
     return float(p)
 
 
-def check_sampling(temperature=1.0, top_k=None, top_p=None) -> tuple[float, int | None, float | None]:
-    """Sampling settings as plain Python numbers, checked once before a decoding loop starts."""
-    return check_temperature(temperature), check_top_k(top_k), check_top_p(top_p)
-
-
 def check_logits(logits, name: str = "logits") -> torch.Tensor:
     """A floating (B, V) tensor with no NaN, no +inf, and at least one finite entry per row."""
     if not isinstance(logits, torch.Tensor):
@@ -187,6 +224,15 @@ def check_logits(logits, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} row {row} cannot be sampled: it contains NaN or +inf, or every "
                          f"entry is -inf; allowed are finite values and -inf for banned tokens")
     return logits
+
+
+def check_token_mask(logits, mask, name: str) -> None:
+    """A (V,) bool mask over the vocabulary of (B, V) logits."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1 or (
+            isinstance(logits, torch.Tensor) and logits.shape[-1:] != mask.shape):
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        v = logits.shape[-1] if isinstance(logits, torch.Tensor) else "V"
+        raise ValueError(f"{name} must be a bool tensor of shape (V,) = ({v},), got {got}")
 
 
 def check_generator(generator) -> torch.Generator | None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_banned, check_choice, check_id_list, check_int, check_model, check_real
-from .sampling import check_generator, check_logits, first_maximum, probabilities
+from .sampling import ban, check_generator, check_logits, first_maximum, probabilities, token_mask
 from .cache import ContextLimitError, check_multi_head
 from .decoding import GenerationResult, check_generate_inputs, stop_reason
 from .drafts import SPECULATE_INSTEAD, Draft, NeuralDraft, NgramDraft
@@ -183,7 +183,7 @@ class SpeculativeDecoder:
         _, self.settings = check_generate_inputs(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
                                                  top_p=top_p, generator=generator, eos_id=eos_id, key_mask=None,
                                                  on_context_limit="stop")
-        self.banned = check_banned(banned, model.config.vocab_size)
+        self.banned = token_mask(check_banned(banned, model.config.vocab_size), model.config.vocab_size)  # (V,)
         if idx.shape[0] != 1:
             raise ValueError(f"idx must hold one prompt (batch size 1) for speculative decoding, got "
                              f"{idx.shape[0]} rows: in a batch, rows keep different numbers of guesses")
@@ -247,24 +247,21 @@ class SpeculativeDecoder:
         N = len(self.tokens)
         room = min(self.max_new_tokens, self.budget) - self.n_new - 1  # guesses that can still be used
         gamma = min(self.gamma, room)
-        greedy = self.settings[0] == 0
+        greedy = self.settings.greedy
         proposal = self.draft.propose(self.tokens, gamma, self.settings, self.generator) if gamma > 0 else ([], None)
         if not (isinstance(proposal, tuple) and len(proposal) == 2 and isinstance(proposal[0], (list, tuple))
                 and (proposal[1] is None or isinstance(proposal[1], torch.Tensor))):
             raise TypeError(f"{type(self.draft).__name__}.propose must return a pair (guesses, q): a list of token ids "
                             f"and an (n, V) tensor of the draft's probabilities or None, got {proposal!r:.80}")
         drafted, q = proposal
-        drafted = list(drafted[:gamma])
-        if greedy and self.banned:
-            drafted = next((drafted[:i] for i, t in enumerate(drafted) if t in self.banned), drafted)
+        drafted = check_id_list("the draft's guesses", list(drafted[:gamma]), self.model.config.vocab_size, min_len=0)
+        if greedy:
+            drafted = next((drafted[:i] for i, t in enumerate(drafted) if self.banned[t]), drafted)
         if q is not None:
             q = q[: len(drafted)]
-        drafted = check_id_list("the draft's guesses", drafted, self.model.config.vocab_size, min_len=0)
         assert self.target.cache.length == N - 1
         logits = self.target.extend(torch.tensor([self.tokens[-1:] + drafted]))[0]  # (n + 1, V), one pass
-        if self.banned:
-            logits = logits.clone()
-            logits[:, self.banned] = float("-inf")
+        logits = ban(logits, self.banned)
         if greedy:
             n, token = accept_greedy(drafted, logits)
         else:

@@ -31,7 +31,7 @@ from .cache import ContextLimitError, check_multi_head
 from .decoding import check_cache
 from .guards import all_or_nothing, one_thread_at_a_time
 from .model import GPT, watching_attention
-from .sampling import check_sampling, probabilities, sample_next
+from .sampling import Sampling, probabilities, sample_next
 from .poems import encode_prompt, without_unk
 
 TOP = 10  # bars in the distribution panel
@@ -106,7 +106,7 @@ class CacheStepper:
                  top: int = TOP, max_len: int | None = None):
         check_pair(model, tokenizer)
         check_multi_head(model.config, "CacheStepper", ONE_KEY_PER_HEAD)
-        temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+        self.settings = Sampling(temperature, top_k, top_p)  # what the next step draws with
         self.model, self.tokenizer = model, tokenizer
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str of Chinese characters, got {prompt!r:.60}")
@@ -114,7 +114,6 @@ class CacheStepper:
         self.prompt = prompt
         self.prompt_ids = encode_prompt(tokenizer, prompt)  # the poem separator, then the prompt
         self.seed = check_seed(seed)
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.top = check_int("top", top, 1, tokenizer.vocab_size)
         self.max_len = check_int("max_len", model.config.block_size if max_len is None else max_len, 1,
                                  model.config.block_size)
@@ -138,9 +137,8 @@ class CacheStepper:
         self._shown_settings = self.settings
 
     @property
-    def settings(self) -> tuple[float, int | None, float | None]:
-        """(temperature, top_k, top_p) that the next step draws with."""
-        return self.temperature, self.top_k, self.top_p
+    def temperature(self) -> float:
+        return self.settings.temperature
 
     @one_thread_at_a_time
     def set_sampling(self, temperature: float | None = None, top_k=_KEEP, top_p=_KEEP) -> None:
@@ -150,12 +148,11 @@ class CacheStepper:
         step the bars show the upcoming distribution, so they are redrawn with the new settings; after
         it they show what the last token was drawn from, with the settings it was drawn with.
         """
-        temperature = self.temperature if temperature is None else temperature
-        top_k = self.top_k if top_k is _KEEP else top_k
-        top_p = self.top_p if top_p is _KEEP else top_p
-        settings = check_sampling(temperature, top_k, top_p)
+        old = self.settings
+        settings = Sampling(old.temperature if temperature is None else temperature,
+                            old.top_k if top_k is _KEEP else top_k, old.top_p if top_p is _KEEP else top_p)
         shown = probabilities(self.logits, *settings)[0] if self.steps == 0 else None
-        self.temperature, self.top_k, self.top_p = settings
+        self.settings = settings
         if shown is not None:
             self._shown, self._shown_settings = shown, settings
 
@@ -184,7 +181,7 @@ class CacheStepper:
             raise ContextLimitError(
                 f"the cache is full ({self.cache.max_len} positions): reset to start again")
         drawn_from, settings = self._display_probs(self.logits), self.settings
-        nxt = int(sample_next(self.logits, self.temperature, self.top_k, self.top_p, self.generator))
+        nxt = int(sample_next(self.logits, *self.settings, self.generator))
         self._feed([nxt])  # advances cache.length only once every layer has written
         self._shown, self._shown_settings, self.chosen = drawn_from, settings, nxt
         self.tokens.append(nxt)
@@ -201,7 +198,7 @@ class CacheStepper:
 
     def _display_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(V,) what ``sample_next`` draws from with the current settings (one-hot at temperature 0)."""
-        return probabilities(logits, self.temperature, self.top_k, self.top_p)[0]
+        return probabilities(logits, *self.settings)[0]
 
     @torch.inference_mode()
     def _feed(self, ids: list[int]) -> None:

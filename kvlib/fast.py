@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_int, check_model
-from .cache import CACHE_ELEMENTS_MAX, ContextLimitError, check_multi_head
+from .cache import ContextLimitError, check_cache_shape, check_multi_head
 from .guards import one_thread_at_a_time
 from .model import GPT, KVCache, attention_mask
 from .weights import weights_key
@@ -182,8 +182,7 @@ class FastDecoder:
         check_model(model)
         cfg = model.config
         check_multi_head(cfg, "FastDecoder", "decode it with decoder='model'")
-        top = max(1, CACHE_ELEMENTS_MAX // (2 * cfg.n_layer * cfg.n_embd * cfg.block_size))  # at any max_len
-        check_int("batch_size", batch_size, 1, top, f"an int in [1, {top}] (a cache of at most 2**31 numbers)")
+        check_cache_shape(cfg, batch_size, cfg.block_size)  # its cache may grow to the block, at any max_len
         probe = KVCache(cfg, batch_size, max_len, device="meta")  # checks batch_size and max_len, allocates nothing
         B = batch_size
         weight = model.transformer.wte.weight

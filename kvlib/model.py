@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .cache import (Cache, ContextLimitError, PositionsFromLength, check_cache_made_for, check_cache_shape,
                     check_truncate)
-from .checks import check_config, check_device, check_int, describe
+from .checks import check_config, check_device, check_dtype, check_int, describe
 from .weights import check_weights
 
 
@@ -66,6 +66,11 @@ class GPTConfig:
             return 1, self.kv_latent, 0
         return self.kv_heads, self.head_size, self.head_size
 
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = torch.float32) -> int:
+        """Bytes one position takes in a full-precision cache: every layer's ``cache_shape`` in ``dtype``."""
+        heads, key, value = self.cache_shape
+        return self.n_layer * heads * (key + value) * (check_dtype(dtype) or torch.float32).itemsize
+
 
 class KVCache(PositionsFromLength):
     """Preallocated keys and values for every layer: ``k``, ``v`` are (L, B, H, max_len, D).
@@ -110,7 +115,7 @@ class KVCache(PositionsFromLength):
     @property
     def bytes_per_token(self) -> int:
         """Bytes one position of one sequence takes: 2 (k, v) x layers x channels x dtype size."""
-        return self.nbytes // (self.batch_size * self.max_len)
+        return self.config.kv_bytes_per_token(self.k.dtype)
 
     def reset(self) -> None:
         self.length = 0

@@ -34,7 +34,7 @@ from .cache import (ContextLimitError, PositionsFromLength, check_cache_shape, c
 from .model import GPTConfig
 
 __all__ = ["QuantizedKVCache", "QuantizedStore", "quantize", "dequantize", "pack", "unpack",
-           "fp_bytes_per_token", "quantized_bytes_per_token", "check_bits"]
+           "quantized_bytes_per_token", "check_bits"]
 
 BITS = (2, 4, 8)
 PARAM_DTYPE = torch.float16  # scales and zero points
@@ -181,15 +181,6 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 # ---- sizes -------------------------------------------------------------------------------------
-
-def fp_bytes_per_token(config: GPTConfig, dtype=torch.float32) -> int:
-    """Bytes one position takes in a full-precision cache (a ``KVCache``): every layer's keys and values,
-    2 x key/value heads x head size numbers (a latent model: its latent), times the dtype's size."""
-    check_config(config, GPTConfig)
-    check_float_dtype(dtype)
-    heads, key, value = config.cache_shape
-    return config.n_layer * heads * (key + value) * torch.empty(0, dtype=dtype).element_size()
-
 
 def quantized_bytes_per_token(config: GPTConfig, bits: int, group_size: int) -> float:
     """Bytes one quantised position takes, the full-precision window and the unfinished key group left out.

@@ -282,7 +282,7 @@ def test_a_notebook_that_times_names_the_machine(notebook):
     printed = "".join("".join(out.get("text", "")) for cell in cells for out in cell.get("outputs", []))
     assert re.search(r"^machine: .+ CPU\(s\); torch ", printed, re.M), (
         f"{notebook.name} times something (cells {timing_cells}) but prints no 'machine: ' line "
-        "(kvlib.timing.describe_machine)")
+        "(kvlib.tools.timing.describe_machine)")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvlib import Cache, GPTConfig, KVCache, QuantizedKVCache, cache_decoder, generate
-from kvlib.quantized import (QuantizedStore, dequantize, fp_bytes_per_token, pack, quantize, quantized_bytes_per_token,
+from kvlib.quantized import (QuantizedStore, dequantize, pack, quantize, quantized_bytes_per_token,
                              unpack)
 
 PROMPTS = ["床前明月光，", "春风", "白日依山尽，", "山中", "江上秋风起，", "故人"]
@@ -104,7 +104,7 @@ def test_truncating_a_store_keeps_what_it_read(n):
 
 def test_bytes_per_token_on_the_char_models_shape():
     cfg = GPTConfig(vocab_size=7184)                                            # L=4, H=4, D=32
-    assert fp_bytes_per_token(cfg) == KVCache(cfg, 1).bytes_per_token == 4096
+    assert cfg.kv_bytes_per_token() == KVCache(cfg, 1).bytes_per_token == 4096
     # per layer, keys and values: 128 channels x bits/8, plus 4 bytes of float16 scale+zero per 16
     assert [quantized_bytes_per_token(cfg, b, 16) for b in (8, 4, 2)] == [1280, 768, 512]
     assert quantized_bytes_per_token(cfg, 2, 32) == 384
@@ -113,7 +113,7 @@ def test_bytes_per_token_on_the_char_models_shape():
 @pytest.mark.parametrize("extra", [{"n_kv_head": 2}, {"n_kv_head": 1}, {"kv_latent": 16}])
 def test_a_full_precision_position_of_a_shrunk_model_is_what_its_kvcache_stores(extra):
     cfg = GPTConfig(vocab_size=100, **extra)
-    assert fp_bytes_per_token(cfg) == KVCache(cfg, 1).bytes_per_token < 4096
+    assert cfg.kv_bytes_per_token() == KVCache(cfg, 1).bytes_per_token < 4096
     with pytest.raises(ValueError, match="QuantizedKVCache needs a multi-head attention model"):
         quantized_bytes_per_token(cfg, 4, 16)
 

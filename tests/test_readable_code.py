@@ -112,6 +112,22 @@ def test_checks_is_small_and_generic():
     assert not re.search(r"^from \.(?!\s)", checks, re.M), "kvlib/checks.py imports nothing of kvlib"
 
 
+CORE_LINES_BUDGET = 6_264  # the core's size when it was last reviewed: it may only shrink
+
+
+def test_the_core_stays_within_its_budget():
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.glob("*.py"))
+    assert lines < CORE_LINES_BUDGET, f"kvlib/*.py holds {lines:,} lines; a tool or a view belongs in tools/ or notebook/"
+
+
+def test_banning_a_token_has_one_home():
+    """Only ``sampling.ban`` (and ``only``) turn chosen tokens' scores to -inf; everything else calls them."""
+    by_index = [f"{p.relative_to(ROOT)}:{i}" for p in EVERY
+                for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if re.search(r"\]\s*=\s*float\(\"-inf\"\)", line)]
+    assert not by_index, f"ban tokens with kvlib.sampling.ban and a token mask: {by_index}"
+
+
 def test_no_file_is_over_500_lines():
     long = {p.relative_to(ROOT).as_posix(): n for p in EVERY if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert not long, f"split these by idea: {long}"

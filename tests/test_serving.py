@@ -108,7 +108,7 @@ def test_parallel_samples_share_the_prompt_blocks(shipped_char):
 
 
 def test_percentile_interpolates_like_numpy():
-    from kvlib.timing import percentile
+    from kvlib.tools.timing import percentile
 
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 95) == 5.0

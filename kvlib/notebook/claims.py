@@ -42,7 +42,7 @@ def measured(holds, text: str, evidence: str = "", *, within_noise: bool = False
 
     Timings move between machines and runs, so the prose never depends on them; this line reports the
     run's own verdict with its evidence, and a teacher's Run All goes on whichever way it fell.
-    ``within_noise=True`` (the two timings' spreads overlap, :func:`kvlib.timing.verdict`) says so
+    ``within_noise=True`` (the two timings' spreads overlap, :func:`kvlib.tools.timing.verdict`) says so
     instead of either answer.
     """
     if not isinstance(text, str) or not text:

@@ -229,7 +229,7 @@ def plot_timing(ns, series: dict, baseline: str | None = None, title: str = "", 
     ``series`` maps a loop's name to its times, one per entry of ``ns``. The baseline (the first
     series unless named) gets a quadratic fit, the others straight lines. The right panel divides the
     baseline's median by each loop's, unless ``speedups`` maps the loop's name to one (median, low, high)
-    per entry of ``ns``: the speed-up measured round by round in interleaved rounds (:class:`kvlib.timing.Timing`
+    per entry of ``ns``: the speed-up measured round by round in interleaved rounds (:class:`kvlib.tools.timing.Timing`
     of the rounds' ratios), drawn as its median with a bar from its low to its high: the numbers printed beside it.
     """
     ns = np.asarray(ns, dtype=float)

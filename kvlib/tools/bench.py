@@ -18,8 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..checks import check_int, check_model, check_real
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
-from ..timing import MAX_THREADS, Timing, describe_machine, interleaved, machine, verdict
-from ..timing import threads as thread_count
+from .timing import MAX_THREADS, Timing, describe_machine, interleaved, machine, verdict
+from .timing import threads as thread_count
 
 BENCH_EXTRA = "pip install -e .[bench]"
 SHIPPED_SHAPE = GPTConfig(vocab_size=7184)  # tang-char: 4 layers, 4 heads, 128 channels, block 128
@@ -32,7 +32,7 @@ TARGETS = {"vs_recompute": 8.0, "vs_transformers": 4.0, "aten_calls": 60}
 
 
 def median_seconds(fn, min_run_time: float = 0.5, threads: int = 1) -> float:
-    """Median seconds per call of ``fn()``: :func:`kvlib.timing.interleaved` with one function, three rounds."""
+    """Median seconds per call of ``fn()``: :func:`kvlib.tools.timing.interleaved` with one function, three rounds."""
     return interleaved({"fn": fn}, 3, n_threads=threads, min_run_time=min_run_time / 3)["fn"].median
 
 
@@ -207,7 +207,7 @@ class CostModel:
 
 def peak_matmul(threads: int = 1, n: int = 1024, rounds: int = 5, min_run_time: float = 0.05) -> Timing:
     """FLOP/s of one large fp32 matrix product (n x n x n) on this machine, the compute ceiling, over
-    ``rounds`` rounds (a :class:`~kvlib.timing.Timing` of FLOP/s: its median, low and high)."""
+    ``rounds`` rounds (a :class:`~kvlib.tools.timing.Timing` of FLOP/s: its median, low and high)."""
     g = torch.Generator().manual_seed(0)  # its own generator: the global RNG is left alone
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     seconds = interleaved({"mm": lambda: torch.mm(a, b)}, rounds, n_threads=threads, min_run_time=min_run_time)["mm"]

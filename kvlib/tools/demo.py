@@ -9,7 +9,7 @@ from ..checks import check_int
 from ..constraints import acrostic
 from ..decoding import generate, generate_uncached
 from ..poems import count_followers, top_next, write
-from ..timing import Timing, compare, describe_machine, machine, threads
+from .timing import Timing, compare, describe_machine, machine, threads
 from .corpus import load_poems
 
 SEED = 1337

@@ -4,7 +4,7 @@ The three ways get the same requests at the same arrival times, decode with the 
 (``kvlib.fast``: one request alone, a padded static batch, or the engine's rows in a paged pool),
 and write the same greedy tokens (the report says whether they did). Continuous batching gets the
 KV memory the static batch reserves (``batch_size`` rows of ``block_size`` positions), cut into
-blocks of 16 and, in a fourth run, of 8. The ways take turns ``repeats`` times (``kvlib.timing``'s
+blocks of 16 and, in a fourth run, of 8. The ways take turns ``repeats`` times (``kvlib.tools.timing``'s
 rule: interleaved rounds, a median and its spread), and each comparison is a verdict: faster,
 slower or within noise. The targets are printed beside this machine's measurement, never asserted:
 timings move from run to run.
@@ -21,7 +21,7 @@ from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
 from ..serving import RunResult, StepClock, run_continuous, run_one_at_a_time, run_static_batching
-from ..timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
+from .timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import forward_flops, peak_matmul_flops, weight_bytes
 from .traces import make_trace
@@ -193,7 +193,7 @@ def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int 
 
 def runs_in_turns(ways: dict, repeats: int) -> dict[str, list[RunResult]]:
     """Run every way ``repeats`` times, taking turns (A B C, B C A, ...: no way always first, as in
-    :func:`kvlib.timing.interleaved`); every run of each way, in order."""
+    :func:`kvlib.tools.timing.interleaved`); every run of each way, in order."""
     check_int("repeats", repeats, 1)
     names = list(ways)
     runs: dict[str, list[RunResult]] = {name: [] for name in names}
@@ -334,7 +334,7 @@ def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_B
 @torch.inference_mode()
 def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats: int = 5) -> dict:
     """One batched prefill of requests that share a prefix, without and with prefix caching, in
-    ``repeats`` interleaved rounds (:func:`kvlib.timing.interleaved`): medians, spreads and the verdict.
+    ``repeats`` interleaved rounds (:func:`kvlib.tools.timing.interleaved`): medians, spreads and the verdict.
 
     The first request (``shared + suffixes[0]``) is prefilled alone and fills the pool, untimed; the
     others (``shared + suffix`` each) are then prefilled together, in one forward, and timed: every

@@ -26,8 +26,8 @@ from ..fast import FastDecoder, head_logits
 from ..model import GPT
 from ..speculative import Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate
 from ..poems import encode_prompt
-from ..timing import Timing, describe_machine, interleaved, machine, verdict
-from ..timing import threads as thread_count
+from .timing import Timing, describe_machine, interleaved, machine, verdict
+from .timing import threads as thread_count
 from ..verify import greedy_agreement, near_tie_note
 from .bench import aten_calls, forward_flops, to_transformers, transformers_available, weight_bytes
 from .spec_costs import alpha_needed, check_costs, perfect_draft_speedup, round_us
@@ -125,12 +125,12 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
                 min_run_time: float = 0.02) -> dict:
     """µs of one fast-path decode step, one verify pass of T = 2 … 9 tokens, the head's matrix product
     alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
-    (:func:`kvlib.timing.interleaved`), each with its spread (low, high) under ``"spread"``; a guess
+    (:func:`kvlib.tools.timing.interleaved`), each with its spread (low, high) under ``"spread"``; a guess
     also in decode steps, round by round, under ``"guess_steps_spread"`` (low, high). A guess is the
     difference of two timings of the same round (γ = 2 minus γ = 1), floored at 0 (one too quick to tell
     from noise is 0); its figure is the median of those differences.
     ``"verify_per_token_vs_step"`` holds, for T = 2 … 9, the verdict of a verify pass's cost per token
-    against the decode step, taken over the rounds (:func:`kvlib.timing.verdict`); ``"verify_vs_step"`` the
+    against the decode step, taken over the rounds (:func:`kvlib.tools.timing.verdict`); ``"verify_vs_step"`` the
     verdict of the whole pass against one step.
 
     A verify pass of one token is the decode step itself: ``verify_us[1]`` is the step's figure, not a
@@ -226,7 +226,7 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
     """Greedy speculative decoding against plain greedy ``generate``, for every draft and γ, side by side.
 
     Each round times plain decoding of every prompt, then every (draft, γ), so a change in the
-    machine's load hits all alike (``kvlib.timing``'s rule); a time per token is the median over the
+    machine's load hits all alike (``kvlib.tools.timing``'s rule); a time per token is the median over the
     rounds, with its spread, and each speed-up comes with a verdict: faster, slower or within noise.
     ``costs`` from :func:`piece_costs` on this machine may be passed in (one measurement of each piece per
     notebook); otherwise they are measured after the rounds. Runs with ``threads`` threads (1 is

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from kvlib.tools.cli import build_parser, main
-from kvlib.timing import VERDICTS
+from kvlib.tools.timing import VERDICTS
 from kvlib.tools.demo import sections
 
 

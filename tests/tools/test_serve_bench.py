@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from kvlib.timing import VERDICTS
+from kvlib.tools.timing import VERDICTS
 from kvlib.tools import cli
 from kvlib.tools.serve_bench import TARGETS, decode_steps, format_report, run_serve_bench, step_flops
 

@@ -7,7 +7,7 @@ import torch
 from kvlib.model import GPT, GPTConfig
 from kvlib.speculative import NeuralDraft, NgramDraft
 from kvlib.tools.spec_costs import round_us
-from kvlib.timing import VERDICTS, Timing
+from kvlib.tools.timing import VERDICTS, Timing
 from kvlib.tools import spec_bench
 from kvlib.verify import chi_square_homogeneity, total_variation
 from kvlib.tools.cli import build_parser

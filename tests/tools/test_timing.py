@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib.timing import Prepared, Timing, compare, describe_machine, interleaved, machine, percentile, threads, verdict
+from kvlib.tools.timing import Prepared, Timing, compare, describe_machine, interleaved, machine, percentile, threads, verdict
 
 
 def test_interleaved_times_every_function_once_per_round_after_a_warm_up():
@@ -111,7 +111,7 @@ def test_every_report_names_the_machine_in_one_line():
 def test_the_machine_line_says_how_busy_the_machine_was_where_the_system_tells(monkeypatch):
     import os
 
-    from kvlib import timing
+    from kvlib.tools import timing
 
     monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 0.5), raising=False)
     assert timing.load() == 1.5 and "; load 1.5 (processes running" in describe_machine(machine())
@@ -169,7 +169,7 @@ def test_percentile_refuses_what_has_no_percentile(values, q, said):
 
 
 def test_a_clock_that_stands_still_is_refused_instead_of_sizing_a_huge_block(monkeypatch):
-    import kvlib.timing as timing_module
+    import kvlib.tools.timing as timing_module
 
     monkeypatch.setattr(timing_module.time, "perf_counter", lambda: 5.0)
     with pytest.raises(RuntimeError, match="did not advance"):

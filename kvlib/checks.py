@@ -201,10 +201,11 @@ def check_list(name: str, value, of: type | tuple, what: str, *, min_len: int = 
     return list(value)
 
 
-def check_dtype(dtype, name: str = "dtype"):
-    """None or a floating torch.dtype."""
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"{name} must be a floating torch.dtype (e.g. torch.float32) or None, got {dtype!r:.60}")
+def check_dtype(dtype, name: str = "dtype", optional: bool = True):
+    """A floating torch.dtype, or None where ``optional``."""
+    if not (optional and dtype is None) and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name} must be a floating torch.dtype (e.g. torch.float32){' or None' * optional}, "
+                        f"got {dtype!r:.60}")
     return dtype
 
 

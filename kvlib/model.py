@@ -66,10 +66,10 @@ class GPTConfig:
             return 1, self.kv_latent, 0
         return self.kv_heads, self.head_size, self.head_size
 
-    def kv_bytes_per_token(self, dtype: torch.dtype | None = torch.float32) -> int:
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         """Bytes one position takes in a full-precision cache: every layer's ``cache_shape`` in ``dtype``."""
         heads, key, value = self.cache_shape
-        return self.n_layer * heads * (key + value) * (check_dtype(dtype) or torch.float32).itemsize
+        return self.n_layer * heads * (key + value) * check_dtype(dtype, optional=False).itemsize
 
 
 class KVCache(PositionsFromLength):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_config, check_int, check_tensor
+from .checks import check_config, check_dtype, check_int, check_tensor
 from .cache import (ContextLimitError, PositionsFromLength, check_cache_shape, check_chunk, check_multi_head,
                     check_truncate)
 from .model import GPTConfig
@@ -92,7 +92,7 @@ def check_dequantize(codes, scale, zero, dim, group, dtype) -> None:
         if list(t.shape) != want:
             raise ValueError(f"{name} must have shape {tuple(want)} (one per group of {group} codes along dim {dim}), "
                              f"got {tuple(t.shape)}")
-    check_float_dtype(dtype)
+    check_dtype(dtype, optional=False)
 
 
 def check_pack(codes, bits) -> None:
@@ -104,13 +104,6 @@ def check_pack(codes, bits) -> None:
                          f"a byte), got {codes.shape[-1]}")
     if codes.numel() and codes.device.type != "meta" and int(codes.max()) >= 2**bits:
         raise ValueError(f"codes must be below 2**bits = {2**bits}, got a code of {int(codes.max())}")
-
-
-def check_float_dtype(dtype) -> torch.dtype:
-    """A floating torch.dtype (None is not one)."""
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r:.60}")
-    return dtype
 
 
 def check_group_size(config: GPTConfig, group_size) -> int:

@@ -1,9 +1,13 @@
 """Bad input, everywhere a person can type it: the library, the command line and the widgets.
 
-Every case must end in one clear error: a message on one line that names the bad value and says
-what is allowed. Library calls raise an exception of the expected type; command-line usage errors
-exit with status 2, print no traceback and end with one ``error:`` line; the widgets' logic
+Every case must end in one clear error: a message on one line that names the parameter (or the file,
+option or thing) that was wrong. Library calls raise an exception of the expected type; command-line
+usage errors exit with status 2, print no traceback and end with one ``error:`` line; the widgets' logic
 functions either raise such an error or return a view whose message says the same.
+
+A case pins the exception class (or the exit status) and the one name its message must hold, matched as
+a whole word and case-sensitively; never the wording, so a message can be reworded freely as long as it
+keeps naming what was wrong.
 
 Everything runs on a tiny seeded model and a tokenizer built from a dozen poem lines, so no case
 depends on the shipped checkpoints' exact outputs. Checkpoint and manifest damage is done to a
@@ -173,161 +177,125 @@ def resume_from_garbage(w: World):
 
 
 # ---- library cases -------------------------------------------------------------------------------
-# (id, call, exception type, regexes that must all appear in the message)
+# (id, call, exception type, the name the message must hold: the parameter, file or thing that was wrong)
 
 API_CASES = [
     # configuration and cache
-    ("GPTConfig vocab_size 0", lambda w: GPTConfig(vocab_size=0), ValueError, ["vocab_size", "positive int", "got 0"]),
-    ("GPTConfig vocab_size str", lambda w: GPTConfig(vocab_size="64"), TypeError, ["vocab_size", "'64'"]),
-    ("GPTConfig heads do not divide", lambda w: GPTConfig(vocab_size=64, n_embd=30, n_head=4), ValueError,
-     [r"n_embd \(30\)", r"divisible by n_head \(4\)"]),
-    ("KVCache batch 0", lambda w: KVCache(w.model.config, 0), ValueError,
-     ["batch_size", r"\[1, \d+\]", r"at most 2\*\*31 numbers", "got 0"]),
-    ("KVCache longer than block", lambda w: KVCache(w.model.config, 1, BLOCK + 1), ValueError,
-     ["max_len", r"\[1, block_size=16\]", "got 17"]),
+    ("GPTConfig vocab_size 0", lambda w: GPTConfig(vocab_size=0), ValueError, "vocab_size"),
+    ("GPTConfig vocab_size str", lambda w: GPTConfig(vocab_size="64"), TypeError, "vocab_size"),
+    ("GPTConfig heads do not divide", lambda w: GPTConfig(vocab_size=64, n_embd=30, n_head=4), ValueError, "n_embd"),
+    ("KVCache batch 0", lambda w: KVCache(w.model.config, 0), ValueError, "batch_size"),
+    ("KVCache longer than block", lambda w: KVCache(w.model.config, 1, BLOCK + 1), ValueError, "max_len"),
     # the model itself
-    ("model float ids", lambda w: w.model(torch.zeros(1, 3)), TypeError, ["integer tensor", "float32", r"\(B, T\)"]),
-    ("model list ids", lambda w: w.model([[1, 2]]), TypeError, ["integer tensor", "got list"]),
+    ("model float ids", lambda w: w.model(torch.zeros(1, 3)), TypeError, "idx"),
+    ("model list ids", lambda w: w.model([[1, 2]]), TypeError, "idx"),
     ("model input longer than block", lambda w: w.model(torch.zeros(1, BLOCK + 1, dtype=torch.long)),
-     ContextLimitError, ["position 16", "block size 16"]),
-    ("model key_mask shape", lambda w: w.model(w.idx(), key_mask=torch.ones(1, 2)), ValueError,
-     ["key_mask", r"\(1, 3\)", r"\(1, 2\)"]),
+     ContextLimitError, "position"),
+    ("model key_mask shape", lambda w: w.model(w.idx(), key_mask=torch.ones(1, 2)), ValueError, "key_mask"),
     # generate: prompts and lengths
-    ("generate negative max_new_tokens", lambda w: generate(w.model, w.idx(), -1), ValueError,
-     ["max_new_tokens", r"\[0, ", "got -1"]),
-    ("generate float max_new_tokens", lambda w: generate(w.model, w.idx(), 2.5), TypeError,
-     ["max_new_tokens", "got 2.5"]),
-    ("generate list prompt", lambda w: generate(w.model, [[0, 5, 6]], 2), TypeError,
-     ["int64 tensor", r"\(B, T\)", "pad_prompts", "got list"]),
+    ("generate negative max_new_tokens", lambda w: generate(w.model, w.idx(), -1), ValueError, "max_new_tokens"),
+    ("generate float max_new_tokens", lambda w: generate(w.model, w.idx(), 2.5), TypeError, "max_new_tokens"),
+    ("generate list prompt", lambda w: generate(w.model, [[0, 5, 6]], 2), TypeError, "idx"),
     ("generate eos outside the vocabulary", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, eos_id=10**6),
-     ValueError, ["eos_id", "1000000", "vocabulary size {v}"]),
+     ValueError, "eos_id"),
     ("generate eos not an int", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, eos_id=2.5),
-     ValueError, ["eos_id", "2.5", "int >= 0"]),
+     ValueError, "eos_id"),
     ("generate hook returns the wrong width",
      lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, logits_hook=lambda s, t, l: l[:, :-1]),
-     ValueError, ["logits_hook", r"\(B, V\)", "got"]),
-    ("generate empty prompt", lambda w: generate(w.model, torch.zeros(1, 0, dtype=torch.long), 2), ValueError,
-     ["at least one token", r"\(1, 0\)"]),
-    ("generate empty batch", lambda w: generate(w.model, torch.zeros(0, 3, dtype=torch.long), 2), ValueError,
-     ["at least one token", r"\(0, 3\)"]),
+     ValueError, "logits_hook"),
+    ("generate empty prompt", lambda w: generate(w.model, torch.zeros(1, 0, dtype=torch.long), 2), ValueError, "idx"),
+    ("generate empty batch", lambda w: generate(w.model, torch.zeros(0, 3, dtype=torch.long), 2), ValueError, "idx"),
     ("generate prompt longer than block", lambda w: generate(w.model, torch.zeros(1, 20, dtype=torch.long), 2),
-     ContextLimitError, ["20 tokens", "holds 16"]),
-    ("generate id outside vocabulary", lambda w: generate(w.model, w.idx(0, w.tok.vocab_size), 2), ValueError,
-     ["idx", r"\[0, {v}\)", r"0\.\.{v}"]),
+     ContextLimitError, "idx"),
+    ("generate id outside vocabulary", lambda w: generate(w.model, w.idx(0, w.tok.vocab_size), 2), ValueError, "idx"),
     ("generate bad on_context_limit", lambda w: generate(w.model, w.idx(), 2, on_context_limit="wrap"),
-     ValueError, ["'stop' or 'raise'", "'wrap'"]),
+     ValueError, "on_context_limit"),
     ("generate key_mask without real tokens",
-     lambda w: generate(w.model, w.idx(), 2, key_mask=torch.zeros(1, 3, dtype=torch.bool)), ValueError,
-     ["key_mask", "at least one real token"]),
-    ("uncached block_size 0", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=0), ValueError,
-     ["block_size", "positive int", "got 0"]),
-    ("pad_prompts empty batch", lambda w: pad_prompts([]), ValueError, ["non-empty list"]),
-    ("pad_prompts empty row", lambda w: pad_prompts([[1, 2], []]), ValueError, ["prompt 1 is empty", "at least one"]),
+     lambda w: generate(w.model, w.idx(), 2, key_mask=torch.zeros(1, 3, dtype=torch.bool)), ValueError, "key_mask"),
+    ("uncached block_size 0", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=0), ValueError, "block_size"),
+    ("pad_prompts empty batch", lambda w: pad_prompts([]), ValueError, "prompts"),
+    ("pad_prompts empty row", lambda w: pad_prompts([[1, 2], []]), ValueError, "prompt"),
     # sampling settings
-    ("temperature negative", lambda w: generate(w.model, w.idx(), 2, temperature=-1.0), ValueError,
-     ["temperature", ">= 0", "got -1"]),
-    ("temperature NaN", lambda w: generate(w.model, w.idx(), 2, temperature=math.nan), ValueError,
-     ["temperature", "finite", "nan"]),
-    ("temperature str", lambda w: generate(w.model, w.idx(), 2, temperature="hot"), TypeError,
-     ["temperature", "real number", "'hot'"]),
-    ("top_k 0", lambda w: generate(w.model, w.idx(), 2, top_k=0), ValueError, ["top_k", ">= 1", "got 0"]),
-    ("top_k str", lambda w: generate(w.model, w.idx(), 2, top_k="5"), TypeError, ["top_k", "int", "'5'"]),
-    ("top_p 0", lambda w: generate(w.model, w.idx(), 2, top_p=0.0), ValueError, ["top_p", r"\(0, 1\]", "got 0"]),
-    ("top_p above 1", lambda w: generate(w.model, w.idx(), 2, top_p=1.5), ValueError,
-     ["top_p", r"\(0, 1\]", "got 1.5"]),
+    ("temperature negative", lambda w: generate(w.model, w.idx(), 2, temperature=-1.0), ValueError, "temperature"),
+    ("temperature NaN", lambda w: generate(w.model, w.idx(), 2, temperature=math.nan), ValueError, "temperature"),
+    ("temperature str", lambda w: generate(w.model, w.idx(), 2, temperature="hot"), TypeError, "temperature"),
+    ("top_k 0", lambda w: generate(w.model, w.idx(), 2, top_k=0), ValueError, "top_k"),
+    ("top_k str", lambda w: generate(w.model, w.idx(), 2, top_k="5"), TypeError, "top_k"),
+    ("top_p 0", lambda w: generate(w.model, w.idx(), 2, top_p=0.0), ValueError, "top_p"),
+    ("top_p above 1", lambda w: generate(w.model, w.idx(), 2, top_p=1.5), ValueError, "top_p"),
     # logits
-    ("logits with NaN", lambda w: sample_next(torch.tensor([[0.0, math.nan, 1.0]])), ValueError,
-     ["row 0", "NaN", "allowed are finite values"]),
-    ("logits with +inf", lambda w: sample_next(torch.tensor([[0.0, math.inf]])), ValueError,
-     ["row 0", r"\+inf", "allowed are finite values"]),
+    ("logits with NaN", lambda w: sample_next(torch.tensor([[0.0, math.nan, 1.0]])), ValueError, "logits"),
+    ("logits with +inf", lambda w: sample_next(torch.tensor([[0.0, math.inf]])), ValueError, "logits"),
     ("logits all -inf", lambda w: probabilities(torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]])), ValueError,
-     ["row 1", "every entry is -inf"]),
-    ("logits 1-D", lambda w: sample_next(torch.zeros(5)), ValueError, [r"\(B, V\)", r"got shape \(5,\)"]),
-    ("logits integer", lambda w: sample_next(torch.tensor([[1, 2]])), TypeError, ["floating", "torch.int64"]),
-    ("generator not a Generator", lambda w: sample_next(torch.zeros(1, 3), generator=42), TypeError,
-     ["torch.Generator", "int"]),
+     "logits"),
+    ("logits 1-D", lambda w: sample_next(torch.zeros(5)), ValueError, "logits"),
+    ("logits integer", lambda w: sample_next(torch.tensor([[1, 2]])), TypeError, "logits"),
+    ("generator not a Generator", lambda w: sample_next(torch.zeros(1, 3), generator=42), TypeError, "generator"),
     # tokenizers
-    ("encode unknown characters", lambda w: w.tok.encode("春眠hello"), UnknownCharacterError,
-     ["helo", "not in the vocabulary", "at least twice"]),
-    ("encode an int", lambda w: w.tok.encode(123), TypeError, ["str", "got int"]),
-    ("bpe encode None", lambda w: w.bpe.encode(None), TypeError, ["str", "got NoneType"]),
-    ("char vocabulary without separator", lambda w: CharTokenizer(["a", "b"]), ValueError,
-     ["separator and <unk>", r"got \['a', 'b'\]"]),
+    ("encode unknown characters", lambda w: w.tok.encode("春眠hello"), UnknownCharacterError, "helo"),
+    ("encode an int", lambda w: w.tok.encode(123), TypeError, "text"),
+    ("bpe encode None", lambda w: w.bpe.encode(None), TypeError, "text"),
+    ("char vocabulary without separator", lambda w: CharTokenizer(["a", "b"]), ValueError, "<unk>"),
     ("tokenizer file of unknown kind", lambda w: load_tokenizer(_json(w.tmp / "t.json", {"kind": "word"})),
-     ValueError, ["unknown tokenizer kind 'word'", "expected one of"]),
+     ValueError, "t.json"),
     # text in, text out
-    ("write unknown characters", lambda w: write(w.model, w.tok, "明月hello"), UnknownCharacterError,
-     ["helo", "not in the vocabulary"]),
-    ("write prompt longer than block", lambda w: write(w.model, w.tok, "春" * 30), ContextLimitError,
-     ["30 tokens long", "at most 15", "block of 16"]),
-    ("write n 0", lambda w: write(w.model, w.tok, "春", n=0), ValueError, ["n ", ">= 1", "got 0"]),
-    ("write prompts int", lambda w: write(w.model, w.tok, 5), TypeError, ["str or a list of str", "got 5"]),
-    ("write empty list", lambda w: write(w.model, w.tok, []), ValueError, ["at least one prompt", "empty"]),
-    ("write negative max_new_tokens", lambda w: write(w.model, w.tok, "春", -2), ValueError,
-     ["max_new_tokens", "got -2"]),
+    ("write unknown characters", lambda w: write(w.model, w.tok, "明月hello"), UnknownCharacterError, "明helo"),
+    ("write prompt longer than block", lambda w: write(w.model, w.tok, "春" * 30), ContextLimitError, "prompt"),
+    ("write n 0", lambda w: write(w.model, w.tok, "春", n=0), ValueError, "n"),
+    ("write prompts int", lambda w: write(w.model, w.tok, 5), TypeError, "prompts"),
+    ("write empty list", lambda w: write(w.model, w.tok, []), ValueError, "texts"),
+    ("write negative max_new_tokens", lambda w: write(w.model, w.tok, "春", -2), ValueError, "max_new_tokens"),
     ("write more new tokens than fit after the longest prompt", lambda w: write(w.model, w.tok, ["春", "春" * 10], 8),
-     ContextLimitError, ["11 prompt tokens", "at most 6 new tokens fit"]),
-    ("top_next k 0", lambda w: top_next(w.model, w.tok, "春", 0), ValueError, ["k must be", r"\[1, \d+\]", "got 0"]),
-    ("top_next k above vocabulary", lambda w: top_next(w.model, w.tok, "春", 10_000), ValueError,
-     ["k must be", "got 10000"]),
-    ("rank_of two characters", lambda w: rank_of(w.model, w.tok, "春", "春风"), ValueError,
-     ["exactly one token", "'春风'"]),
+     ContextLimitError, "prompt"),
+    ("top_next k 0", lambda w: top_next(w.model, w.tok, "春", 0), ValueError, "k"),
+    ("top_next k above vocabulary", lambda w: top_next(w.model, w.tok, "春", 10_000), ValueError, "k"),
+    ("rank_of two characters", lambda w: rank_of(w.model, w.tok, "春", "春风"), ValueError, "char"),
     # constrained decoding
-    ("acrostic head outside vocabulary", lambda w: acrostic(w.model, w.tok, "春X"), UnknownCharacterError,
-     ["X", "not in the vocabulary"]),
-    ("acrostic empty heads", lambda w: acrostic(w.model, w.tok, ""), ValueError, ["non-empty string", "got ''"]),
-    ("acrostic heads not a str", lambda w: acrostic(w.model, w.tok, ["春"]), ValueError,
-     ["non-empty string", r"got \['春'\]"]),
-    ("acrostic punctuation head", lambda w: acrostic(w.model, w.tok, "春，"), ValueError,
-     ["Chinese characters", "'，'"]),
-    ("acrostic 6 per line", lambda w: acrostic(w.model, w.tok, "春夜", 6), ValueError, ["5 or 7", "got 6"]),
-    ("acrostic with BPE", lambda w: acrostic(w.model, w.bpe, "春夜"), ValueError, ["tang-char", "'bpe'"]),
-    ("acrostic longer than block", lambda w: acrostic(w.model, w.tok, "春夜花鸟"), ValueError,
-     ["needs 32 tokens", "at most 16"]),
-    ("quatrain 4 per line", lambda w: quatrain(w.model, w.tok, 4), ValueError, ["5 or 7", "got 4"]),
-    ("quatrain with BPE", lambda w: quatrain(w.model, w.bpe), ValueError, ["tang-char", "'bpe'"]),
+    ("acrostic head outside vocabulary", lambda w: acrostic(w.model, w.tok, "春X"), UnknownCharacterError, "X"),
+    ("acrostic empty heads", lambda w: acrostic(w.model, w.tok, ""), ValueError, "heads"),
+    ("acrostic heads not a str", lambda w: acrostic(w.model, w.tok, ["春"]), ValueError, "heads"),
+    ("acrostic punctuation head", lambda w: acrostic(w.model, w.tok, "春，"), ValueError, "heads"),
+    ("acrostic 6 per line", lambda w: acrostic(w.model, w.tok, "春夜", 6), ValueError, "chars_per_line"),
+    ("acrostic with BPE", lambda w: acrostic(w.model, w.bpe, "春夜"), ValueError, "tokenizer"),
+    ("acrostic longer than block", lambda w: acrostic(w.model, w.tok, "春夜花鸟"), ValueError, "lines"),
+    ("quatrain 4 per line", lambda w: quatrain(w.model, w.tok, 4), ValueError, "chars_per_line"),
+    ("quatrain with BPE", lambda w: quatrain(w.model, w.bpe), ValueError, "tokenizer"),
     # cache verification
-    ("verify_cache steps 0", lambda w: verify_cache(w.model, w.idx(), 0), ValueError,
-     [r"steps must be an int in \[1, 14\]", "got 0"]),
+    ("verify_cache steps 0", lambda w: verify_cache(w.model, w.idx(), 0), ValueError, "steps"),
     ("verify_cache batch of 2", lambda w: verify_cache(w.model, torch.zeros(2, 3, dtype=torch.long), 2),
-     ValueError, [r"\(1, P\)", r"\(2, 3\)"]),
+     ValueError, "idx"),
     # shipped files: checkpoints, manifest, data
-    ("load_pretrained unknown name", lambda w: load_pretrained("gpt2"), ValueError,
-     ["unknown model 'gpt2'", "tang-char, tang-bpe"]),
+    ("load_pretrained unknown name", lambda w: load_pretrained("gpt2"), ValueError, "model"),
     ("checkpoint truncated", lambda w: load_pretrained("tang-char", data_with(w, lambda d: truncate(d / "tang-char.pt"))),
-     IntegrityError, ["tang-char.pt", "damaged or was changed", "sha256"]),
+     IntegrityError, "tang-char.pt"),
     ("checkpoint truncated, manifest re-recorded",
-     lambda w: load_pretrained("tang-char", data_with(w, truncated_but_recorded)), IntegrityError,
-     ["tang-char.pt", "weights-only", "truncated"]),
+     lambda w: load_pretrained("tang-char", data_with(w, truncated_but_recorded)), IntegrityError, "tang-char.pt"),
     ("checkpoint tampered", lambda w: load_pretrained("tang-char", data_with(w, lambda d: flip_byte(d / "tang-char.pt"))),
-     IntegrityError, ["tang-char.pt", "damaged or was changed", "sha256"]),
+     IntegrityError, "tang-char.pt"),
     ("checkpoint holding code", lambda w: load_pretrained("tang-char", data_with(w, code_in_checkpoint)),
-     IntegrityError, ["tang-char.pt", "weights-only", "holding code"]),
+     IntegrityError, "tang-char.pt"),
     ("tokenizer tampered",
      lambda w: load_pretrained("tang-char", data_with(w, lambda d: flip_byte(d / "tang-char.tokenizer.json", 20))),
-     IntegrityError, ["tang-char.tokenizer.json", "damaged or was changed"]),
+     IntegrityError, "tang-char.tokenizer.json"),
     ("manifest changed", lambda w: load_pretrained("tang-char", data_with(w, changed_manifest)), IntegrityError,
-     ["tang-char.pt", "manifest records 000000000000"]),
+     "tang-char.pt"),
     ("manifest lacks the file", lambda w: load_pretrained("tang-char", data_with(w, unlisted)), IntegrityError,
-     ["tang-char.pt is not listed", "MANIFEST.json"]),
+     "tang-char.pt"),
     ("manifest not JSON",
      lambda w: load_pretrained("tang-char", data_with(w, lambda d: (d / "MANIFEST.json").write_text("{oops"))),
-     IntegrityError, ["MANIFEST.json", "not valid JSON"]),
+     IntegrityError, "MANIFEST.json"),
     ("checkpoint missing", lambda w: load_pretrained("tang-char", data_with(w, lambda d: (d / "tang-char.pt").unlink())),
-     IntegrityError, ["tang-char.pt", "missing", "restore it with git"]),
-    ("corpus file missing", lambda w: load_text(data_with(w, listed_but_missing)), IntegrityError,
-     ["tang.txt.xz is missing", "restore it with git"]),
-    ("corpus file not listed", lambda w: load_text(data_with(w, lambda d: None)), IntegrityError,
-     ["tang.txt.xz is not listed", "MANIFEST.json"]),
+     IntegrityError, "tang-char.pt"),
+    ("corpus file missing", lambda w: load_text(data_with(w, listed_but_missing)), IntegrityError, "tang.txt.xz"),
+    ("corpus file not listed", lambda w: load_text(data_with(w, lambda d: None)), IntegrityError, "tang.txt.xz"),
     # training configuration
-    ("TrainConfig unknown model", lambda w: TrainConfig(model="tang-word", work_dir="x"), ValueError,
-     ["tang-bpe", "tang-char", "'tang-word'"]),
-    ("TrainConfig batch 0", lambda w: tiny_train_config(w, batch_size=0), ValueError, ["batch_size", ">= 1", "got 0"]),
-    ("TrainConfig lr negative", lambda w: tiny_train_config(w, lr=-1.0), ValueError, ["lr", ">= 0", "got -1"]),
-    ("TrainConfig lr NaN", lambda w: tiny_train_config(w, lr=math.nan), ValueError, ["lr", "finite", "nan"]),
+    ("TrainConfig unknown model", lambda w: TrainConfig(model="tang-word", work_dir="x"), ValueError, "model"),
+    ("TrainConfig batch 0", lambda w: tiny_train_config(w, batch_size=0), ValueError, "batch_size"),
+    ("TrainConfig lr negative", lambda w: tiny_train_config(w, lr=-1.0), ValueError, "lr"),
+    ("TrainConfig lr NaN", lambda w: tiny_train_config(w, lr=math.nan), ValueError, "lr"),
     ("resume without a state", lambda w: train(tiny_train_config(w), resume=True, poems=POEMS, progress=False),
-     FileNotFoundError, ["no training state", "state.pt"]),
-    ("resume from a damaged state", resume_from_garbage, RuntimeError, ["state.pt", "cannot be read", "delete it"]),
+     FileNotFoundError, "state.pt"),
+    ("resume from a damaged state", resume_from_garbage, RuntimeError, "state.pt"),
 ]
 
 
@@ -336,12 +304,16 @@ def _json(path: Path, obj) -> Path:
     return path
 
 
-def expect(message: str, fragments: list[str], w: World) -> None:
+def names(message: str, param: str) -> bool:
+    """Whether ``message`` holds ``param`` as a whole name (not inside a longer one), case-sensitively."""
+    return re.search(r"(?<![\w-])" + re.escape(param) + r"(?![\w-])", message) is not None
+
+
+def expect(message: str, param: str) -> None:
+    """One line, no traceback, and the parameter (or file, option, thing) that was wrong named in it."""
     assert "\n" not in message.strip(), f"not one line: {message!r}"
     assert "Traceback" not in message
-    for frag in fragments:
-        frag = frag.replace("{v}", str(w.tok.vocab_size))
-        assert re.search(frag, message), f"{frag!r} not in {message!r}"
+    assert names(message, param), f"the message does not name {param!r}: {message!r}"
 
 
 def _params(cases):
@@ -351,38 +323,38 @@ def _params(cases):
     return out
 
 
-@pytest.mark.parametrize("call, error, fragments", _params(API_CASES))
-def test_library_rejects_bad_input_clearly(world, call, error, fragments):
+@pytest.mark.parametrize("call, error, param", _params(API_CASES))
+def test_library_rejects_bad_input_clearly(world, call, error, param):
     with pytest.raises(error) as info:
         call(world)
-    expect(str(info.value), fragments, world)
+    expect(str(info.value), param)
 
 
 # ---- command line --------------------------------------------------------------------------------
-# In-process, on the tiny model: (id, argv, exit status, regexes for the last stderr line)
+# In-process, on the tiny model: (id, argv, exit status, the name the last stderr line must hold)
 
 CLI_CASES = [
-    ("prompt with unknown characters", ["generate", "--prompt", "明月hello"], 2, ["'明月hello'", "helo", "vocabulary"]),
-    ("prompt longer than block", ["generate", "--prompt", "春" * 30], 2, ["30 tokens", "at most 15", "block of 16"]),
-    ("negative max-new-tokens", ["generate", "--max-new-tokens", "-1"], 2, ["--max-new-tokens", r"\[1, 100,000\]", "-1"]),
-    ("max-new-tokens not a number", ["generate", "--max-new-tokens", "ten"], 2, ["--max-new-tokens", "'ten'"]),
-    ("negative temperature", ["generate", "--temperature", "-1"], 2, ["temperature", ">= 0", "-1"]),
-    ("NaN temperature", ["generate", "--temperature", "nan"], 2, ["temperature", "finite", "nan"]),
-    ("top-k too large", ["generate", "--top-k", "2000000"], 2, ["--top-k", "[0, 1,000,000]", "2000000"]),
-    ("top-p above 1", ["generate", "--top-p", "1.5"], 2, ["--top-p", r"\(0, 1\]", "1.5"]),
-    ("top-p not a number", ["generate", "--top-p", "most"], 2, ["--top-p", "'most'"]),
-    ("unknown model", ["generate", "--model", "gpt2"], 2, ["--model", "'gpt2'", "tang-char"]),
-    ("seed not a number", ["generate", "--seed", "abc"], 2, ["--seed", "'abc'"]),
-    ("empty prompt in a batch", ["generate", "--batch-prompts", "春风||明月"], 2, ["--batch-prompts", "empty prompt"]),
-    ("unknown characters in a batch", ["generate", "--batch-prompts", "春风|xyz"], 2, ["'xyz'", "vocabulary"]),
-    ("train batch size 0", ["train", "--batch-size", "0"], 2, ["--batch-size", r"\[1, 1,024\]", "got 0"]),
-    ("train negative lr", ["train", "--lr", "-1"], 2, ["--lr", r"\(0, 10\]", "-1"]),
-    ("train steps not a number", ["train", "--steps", "many"], 2, ["--steps", "'many'"]),
-    ("train resume without a state", ["train", "--resume"], 2, ["--resume", "no training state", "state.pt"]),
-    ("evaluate 0 poems", ["evaluate", "--poems", "0"], 2, ["--poems", r"\[1, 1,000\]", "got 0"]),
-    ("unknown command", ["write"], 2, ["invalid choice", "'write'", "generate"]),
-    ("no command", [], 2, ["required", "command"]),
-    ("tampered checkpoint", ["generate", "--prompt", "春"], 1, ["tang-char.pt", "damaged or was changed"]),
+    ("prompt with unknown characters", ["generate", "--prompt", "明月hello"], 2, "prompt"),
+    ("prompt longer than block", ["generate", "--prompt", "春" * 30], 2, "prompt"),
+    ("negative max-new-tokens", ["generate", "--max-new-tokens", "-1"], 2, "--max-new-tokens"),
+    ("max-new-tokens not a number", ["generate", "--max-new-tokens", "ten"], 2, "--max-new-tokens"),
+    ("negative temperature", ["generate", "--temperature", "-1"], 2, "--temperature"),
+    ("NaN temperature", ["generate", "--temperature", "nan"], 2, "--temperature"),
+    ("top-k too large", ["generate", "--top-k", "2000000"], 2, "--top-k"),
+    ("top-p above 1", ["generate", "--top-p", "1.5"], 2, "--top-p"),
+    ("top-p not a number", ["generate", "--top-p", "most"], 2, "--top-p"),
+    ("unknown model", ["generate", "--model", "gpt2"], 2, "--model"),
+    ("seed not a number", ["generate", "--seed", "abc"], 2, "--seed"),
+    ("empty prompt in a batch", ["generate", "--batch-prompts", "春风||明月"], 2, "--batch-prompts"),
+    ("unknown characters in a batch", ["generate", "--batch-prompts", "春风|xyz"], 2, "prompt"),
+    ("train batch size 0", ["train", "--batch-size", "0"], 2, "--batch-size"),
+    ("train negative lr", ["train", "--lr", "-1"], 2, "--lr"),
+    ("train steps not a number", ["train", "--steps", "many"], 2, "--steps"),
+    ("train resume without a state", ["train", "--resume"], 2, "--resume"),
+    ("evaluate 0 poems", ["evaluate", "--poems", "0"], 2, "--poems"),
+    ("unknown command", ["write"], 2, "command"),
+    ("no command", [], 2, "command"),
+    ("tampered checkpoint", ["generate", "--prompt", "春"], 1, "tang-char.pt"),
 ]
 
 
@@ -403,8 +375,8 @@ def cli_world(world, monkeypatch):
     return world
 
 
-@pytest.mark.parametrize("argv, status, fragments", [pytest.param(a, s, f, id=i) for i, a, s, f in CLI_CASES])
-def test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fragments):
+@pytest.mark.parametrize("argv, status, param", [pytest.param(a, s, p, id=i) for i, a, s, p in CLI_CASES])
+def test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, param):
     cli_world.extra["damaged"] = status == 1
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
@@ -414,17 +386,17 @@ def test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fr
     lines = err.strip().splitlines()
     assert lines and lines[-1].startswith("python -m kvlib") and "error:" in lines[-1], err
     assert len(lines) == 1 and "usage:" not in err, f"more than one line: {err!r}"  # argparse's errors too
-    expect(lines[-1], fragments, cli_world)
+    expect(lines[-1], param)
 
 
 # Every case above runs in-process; these two run the real command, once past the model's loading and
 # once with an argument that is not UTF-8 (which only a real process receives as raw bytes).
-@pytest.mark.parametrize("argv, fragments", [
-    (["generate", "--prompt", "hello"], ["'hello'", "not in the vocabulary"]),
-    (["generate", "--prompt", b"\xe6\x98\xa5\xff"], ["--prompt", "not valid UTF-8", r"\\xff", "character 1"]),
+@pytest.mark.parametrize("argv, param", [
+    (["generate", "--prompt", "hello"], "prompt"),
+    (["generate", "--prompt", b"\xe6\x98\xa5\xff"], "--prompt"),
 ])
 @pytest.mark.slow
-def test_cli_in_a_real_process_exits_2_with_one_line(argv, fragments):
+def test_cli_in_a_real_process_exits_2_with_one_line(argv, param):
     """The real command on the shipped model: status 2, one line on stderr, nothing on stdout."""
     r = subprocess.run([sys.executable, "-m", "kvlib", *argv], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -432,8 +404,7 @@ def test_cli_in_a_real_process_exits_2_with_one_line(argv, fragments):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for frag in fragments:
-        assert re.search(frag, lines[0]), lines[0]
+    expect(lines[0], param)
 
 
 # ---- widgets ---------------------------------------------------------------------------------------
@@ -500,49 +471,39 @@ def stepper_widget_step_after_bad_prompt(w: World):
 
 
 WIDGET_CASES = [
-    ("prompt box: unknown characters", lambda w: _ui('next_character').next_view(w.model, w.tok, "明月hello"),
-     ["「h」", "「e」", "vocabulary"]),
-    ("prompt box: text not a str", lambda w: _ui('next_character').next_view(w.model, w.tok, None),
-     ["text", "str", "None"]),
-    ("prompt box: k above vocabulary", lambda w: _ui('next_character').next_view(w.model, w.tok, "春", 10_000),
-     ["k must be", "10000"]),
+    ("prompt box: unknown characters", lambda w: _ui('next_character').next_view(w.model, w.tok, "明月hello"), "「h」"),
+    ("prompt box: text not a str", lambda w: _ui('next_character').next_view(w.model, w.tok, None), "text"),
+    ("prompt box: k above vocabulary", lambda w: _ui('next_character').next_view(w.model, w.tok, "春", 10_000), "k"),
     ("explorer: unknown characters", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "hello", n_chars=4),
-     ["「h」", "vocabulary"]),
+     "「h」"),
     ("explorer: prompt too long", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春" * 20, n_chars=4),
-     ["too long", "at most 12 characters"]),
+     "prompt"),
     ("explorer: negative temperature", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", -0.5, n_chars=4),
-     ["temperature", r"(>= 0|\[0\.0, )", "-0.5"]),
+     "temperature"),
     ("explorer: top-p 0", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", 1.0, None, 0.0, n_chars=4),
-     ["top_p", r"\(0, 1\]", "got 0"]),
+     "top_p"),
     ("explorer: negative top-k", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, "春", 1.0, -3, 1.0, n_chars=4),
-     ["top_k", ">= 1", "-3"]),
-    ("explorer: prompt not a str", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, 42, n_chars=4),
-     ["prompt", "str", "42"]),
-    ("acrostic writer: empty heads", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "  "),
-     ["one Chinese character", "each line"]),
+     "top_k"),
+    ("explorer: prompt not a str", lambda w: _ui('sampling_explorer').explore(w.model, w.tok, 42, n_chars=4), "prompt"),
+    ("acrostic writer: empty heads", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "  "), "line"),
     ("acrostic writer: head outside vocabulary", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "春X", 5),
-     ["「X」", "vocabulary"]),
+     "「X」"),
     ("acrostic writer: punctuation head", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "春，", 5),
-     ["Chinese characters", "'，'"]),
+     "heads"),
     ("acrostic writer: too many heads", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "春夜花鸟", 5),
-     ["4 lines do not fit", "room for 2 lines"]),
+     "lines"),
     ("acrostic writer: 6 per line", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, "春", 6),
-     ["5 or 7", "got 6"]),
-    ("acrostic writer: heads not a str", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, None),
-     ["heads", "str", "None"]),
-    ("stepper: unknown characters", lambda w: _stepper().CacheStepper(w.model, w.tok, "hello"),
-     ["helo", "not in the vocabulary"]),
-    ("stepper: prompt longer than the cache", lambda w: _stepper().CacheStepper(w.model, w.tok, "春" * 20),
-     ["21 tokens", "holds 16"]),
+     "chars_per_line"),
+    ("acrostic writer: heads not a str", lambda w: _ui('acrostic_writer').acrostic_view(w.model, w.tok, None), "heads"),
+    ("stepper: unknown characters", lambda w: _stepper().CacheStepper(w.model, w.tok, "hello"), "helo"),
+    ("stepper: prompt longer than the cache", lambda w: _stepper().CacheStepper(w.model, w.tok, "春" * 20), "prompt"),
     ("stepper: negative temperature", lambda w: _stepper().CacheStepper(w.model, w.tok, "春", temperature=-1),
-     ["temperature", ">= 0", "-1"]),
-    ("stepper: step with a full cache", stepper_full, ["cache is full", "16 positions", "reset"]),
-    ("stepper widget: unknown characters", lambda w: stepper_widget(w, "hello"), ["「h」、「e」、「l」、「o」", "does not know"]),
-    ("stepper widget: Step after a bad prompt", stepper_widget_step_after_bad_prompt,
-     ["「h」、「e」、「l」、「o」", "does not know"]),
-    ("memory calculator: unknown dtype", lambda w: _memory().dtype_bytes("int4"), ["dtype", "bfloat16", "'int4'"]),
-    ("memory calculator: batch 0", lambda w: _memory().SHAPES["GPT-2 small"].kv_cache_bytes(1024, 0),
-     ["batch", "positive int", "got 0"]),
+     "temperature"),
+    ("stepper: step with a full cache", stepper_full, "cache"),
+    ("stepper widget: unknown characters", lambda w: stepper_widget(w, "hello"), "「h」"),
+    ("stepper widget: Step after a bad prompt", stepper_widget_step_after_bad_prompt, "「h」"),
+    ("memory calculator: unknown dtype", lambda w: _memory().dtype_bytes("int4"), "dtype"),
+    ("memory calculator: batch 0", lambda w: _memory().SHAPES["GPT-2 small"].kv_cache_bytes(1024, 0), "batch"),
 ]
 
 
@@ -558,9 +519,9 @@ def _memory():
     return importlib.import_module("kvlib.memory")
 
 
-@pytest.mark.parametrize("call, fragments", _params(WIDGET_CASES))
-def test_widgets_reject_bad_input_clearly(world, call, fragments):
-    expect(outcome(call, world), fragments, world)
+@pytest.mark.parametrize("call, param", _params(WIDGET_CASES))
+def test_widgets_reject_bad_input_clearly(world, call, param):
+    expect(outcome(call, world), param)
 
 
 # ==== the second sweep: every class of the hostile sweep (issue 12), and the next ones ==========
@@ -747,514 +708,429 @@ def _verify_mod():
 
 
 # GPTConfig: every field with every kind of bad value.
-_CONFIG_VALUES = [(True, TypeError, "got True"), (1.5, TypeError, "got 1.5"), ("8", TypeError, "got '8'"),
-                  (None, TypeError, "got None"), (0, ValueError, "got 0"), (-3, ValueError, "got -3")]
+_CONFIG_VALUES = [(True, TypeError), (1.5, TypeError), ("8", TypeError), (None, TypeError), (0, ValueError),
+                  (-3, ValueError)]
 CONFIG_CASES = [
     (f"[silent] GPTConfig {field} {value!r}",
-     (lambda f, v: lambda w: GPTConfig(**{"vocab_size": 64, f: v}))(field, value), error,
-     [f"GPTConfig.{field}", "positive int", re.escape(frag)])
+     (lambda f, v: lambda w: GPTConfig(**{"vocab_size": 64, f: v}))(field, value), error, field)
     for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
-    for value, error, frag in _CONFIG_VALUES]
+    for value, error in _CONFIG_VALUES]
 
 # TrainConfig: every int setting with a bool, a float and a zero (it raises ValueError for all).
 TRAIN_CONFIG_CASES = [
     (f"[train] TrainConfig {field} {value!r}", (lambda f, v: lambda w: tiny_train_config(w, **{f: v}))(field, value),
-     ValueError, [field, ">= 1", re.escape(f"got {value!r}")])
+     ValueError, field)
     for field in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd", "eval_every",
                   "eval_batches", "save_every", "threads")
     for value in (True, 2.5, 0)]
 
 # Decoding ids back to text: out of the vocabulary, not ints, not a list.
 DECODE_CASES = [
-    ("[silent] char decode -1", lambda w: w.tok.decode([-1]), ValueError, [r"ids\[0\] = -1", r"\[0, {v}\)"]),
-    ("[silent] char decode V", lambda w: w.tok.decode([0, w.tok.vocab_size]), ValueError,
-     [r"ids\[1\] = {v}", r"\[0, {v}\)"]),
-    ("[silent] char decode float id", lambda w: w.tok.decode([1.7]), TypeError, [r"ids\[0\]", "1.7", "int"]),
-    ("[silent] char decode bool id", lambda w: w.tok.decode([True]), TypeError, [r"ids\[0\]", "True"]),
-    ("[silent] char decode a str", lambda w: w.tok.decode("12"), TypeError, ["list of token ids", "got str"]),
-    ("[silent] char decode None", lambda w: w.tok.decode(None), TypeError, ["list of token ids", "NoneType"]),
-    ("[silent] char decode nested", lambda w: w.tok.decode([[1, 2]]), TypeError, [r"ids\[0\]", r"\[1, 2\]"]),
-    ("[silent] char decode float tensor", lambda w: w.tok.decode(torch.tensor([1.0])), TypeError,
-     ["integer tensor", "float32"]),
-    ("[silent] char decode 2-D tensor", lambda w: w.tok.decode(torch.zeros(2, 2, dtype=torch.long)), TypeError,
-     ["1-D", r"\(2, 2\)"]),
-    ("[silent] char decode negative in a tensor", lambda w: w.tok.decode(torch.tensor([3, -2])), ValueError,
-     [r"ids\[1\] = -2"]),
-    ("[silent] char token_bytes -1", lambda w: w.tok.token_bytes(-1), ValueError, ["token id", r"\[0, 58\]", "-1"]),
-    ("[silent] char token_bytes float", lambda w: w.tok.token_bytes(2.0), TypeError, ["token id", "2.0"]),
-    ("[silent] bpe decode -1", lambda w: w.bpe.decode([-1]), ValueError, [r"ids\[0\] = -1", r"\[0, 257\)"]),
-    ("[silent] bpe decode past eos", lambda w: w.bpe.decode([65, 257]), ValueError, [r"ids\[1\] = 257", "257"]),
-    ("[silent] bpe token_bytes 300", lambda w: w.bpe.token_bytes(300), ValueError, ["token id", r"\[0, 256\]", "300"]),
-    ("[silent] stream push float", lambda w: _tokenizer_mod().TextStream(w.tok).push(2.5), TypeError,
-     ["token id", "2.5"]),
+    ("[silent] char decode -1", lambda w: w.tok.decode([-1]), ValueError, "ids"),
+    ("[silent] char decode V", lambda w: w.tok.decode([0, w.tok.vocab_size]), ValueError, "ids"),
+    ("[silent] char decode float id", lambda w: w.tok.decode([1.7]), TypeError, "ids"),
+    ("[silent] char decode bool id", lambda w: w.tok.decode([True]), TypeError, "ids"),
+    ("[silent] char decode a str", lambda w: w.tok.decode("12"), TypeError, "ids"),
+    ("[silent] char decode None", lambda w: w.tok.decode(None), TypeError, "ids"),
+    ("[silent] char decode nested", lambda w: w.tok.decode([[1, 2]]), TypeError, "ids"),
+    ("[silent] char decode float tensor", lambda w: w.tok.decode(torch.tensor([1.0])), TypeError, "ids"),
+    ("[silent] char decode 2-D tensor", lambda w: w.tok.decode(torch.zeros(2, 2, dtype=torch.long)), TypeError, "ids"),
+    ("[silent] char decode negative in a tensor", lambda w: w.tok.decode(torch.tensor([3, -2])), ValueError, "ids"),
+    ("[silent] char token_bytes -1", lambda w: w.tok.token_bytes(-1), ValueError, "token id"),
+    ("[silent] char token_bytes float", lambda w: w.tok.token_bytes(2.0), TypeError, "token id"),
+    ("[silent] bpe decode -1", lambda w: w.bpe.decode([-1]), ValueError, "ids"),
+    ("[silent] bpe decode past eos", lambda w: w.bpe.decode([65, 257]), ValueError, "ids"),
+    ("[silent] bpe token_bytes 300", lambda w: w.bpe.token_bytes(300), ValueError, "token id"),
+    ("[silent] stream push float", lambda w: _tokenizer_mod().TextStream(w.tok).push(2.5), TypeError, "token id"),
     ("[silent] stream push float tensor", lambda w: _tokenizer_mod().TextStream(w.tok).push(torch.tensor(2.5)),
-     TypeError, ["token id", "2.5"]),
-    ("[silent] stream_decode -1", lambda w: list(_tokenizer_mod().stream_decode(w.tok, [2, -1])), ValueError,
-     [r"ids\[1\] = -1"]),
+     TypeError, "token id"),
+    ("[silent] stream_decode -1", lambda w: list(_tokenizer_mod().stream_decode(w.tok, [2, -1])), ValueError, "ids"),
 ]
 
 PAD_CASES = [
-    ("[silent] pad_prompts float ids", lambda w: pad_prompts([[1.7, 2.2]]), TypeError,
-     ["prompt 0, token 0", "1.7", "int token id"]),
-    ("[silent] pad_prompts bool id", lambda w: pad_prompts([[1, True]]), TypeError, ["prompt 0, token 1", "True"]),
-    ("[silent] pad_prompts negative id", lambda w: pad_prompts([[1, 2], [-4]]), ValueError,
-     ["prompt 1, token 0", "-4", ">= 0"]),
-    ("[silent] pad_prompts str row", lambda w: pad_prompts(["春风"]), TypeError, ["prompt 0", "'春风'"]),
-    ("[silent] pad_prompts int row", lambda w: pad_prompts([5]), TypeError, ["prompt 0", "got 5"]),
-    ("[silent] pad_prompts a str", lambda w: pad_prompts("12"), TypeError, ["non-empty list", "'12'"]),
-    ("[silent] pad_prompts float tensor row", lambda w: pad_prompts([torch.tensor([1.0, 2.0])]), TypeError,
-     ["prompt 0", "float32"]),
+    ("[silent] pad_prompts float ids", lambda w: pad_prompts([[1.7, 2.2]]), TypeError, "prompt"),
+    ("[silent] pad_prompts bool id", lambda w: pad_prompts([[1, True]]), TypeError, "prompt"),
+    ("[silent] pad_prompts negative id", lambda w: pad_prompts([[1, 2], [-4]]), ValueError, "prompt"),
+    ("[silent] pad_prompts str row", lambda w: pad_prompts(["春风"]), TypeError, "prompt"),
+    ("[silent] pad_prompts int row", lambda w: pad_prompts([5]), TypeError, "prompt"),
+    ("[silent] pad_prompts a str", lambda w: pad_prompts("12"), TypeError, "prompts"),
+    ("[silent] pad_prompts float tensor row", lambda w: pad_prompts([torch.tensor([1.0, 2.0])]), TypeError, "prompt"),
     ("[silent] pad_prompts 2-D tensor", lambda w: pad_prompts(torch.zeros(2, 3, dtype=torch.long)), TypeError,
-     ["non-empty list", "tensor"]),
-    ("[silent] pad_prompts pad_id -1", lambda w: pad_prompts([[1]], -1), ValueError, ["pad_id", ">= 0", "got -1"]),
-    ("[silent] pad_prompts pad_id float", lambda w: pad_prompts([[1]], 0.5), TypeError, ["pad_id", "got 0.5"]),
-    ("[silent] pad_prompts huge id", lambda w: pad_prompts([[2**70]]), ValueError, ["prompt 0, token 0", str(2**70)]),
+     "prompts"),
+    ("[silent] pad_prompts pad_id -1", lambda w: pad_prompts([[1]], -1), ValueError, "pad_id"),
+    ("[silent] pad_prompts pad_id float", lambda w: pad_prompts([[1]], 0.5), TypeError, "pad_id"),
+    ("[silent] pad_prompts huge id", lambda w: pad_prompts([[2**70]]), ValueError, "prompt"),
 ]
 
 MASK_CASES = [
-    ("[silent] generate right-padded key_mask", lambda w: right_padded(w, "cached"), ValueError,
-     ["key_mask row 1", r"\[1, 1, 0\]", "right padding", "left", "pad_prompts"]),
-    ("[silent] uncached right-padded key_mask", lambda w: right_padded(w, "uncached"), ValueError,
-     ["key_mask row 1", "right padding", "pad_prompts"]),
+    ("[silent] generate right-padded key_mask", lambda w: right_padded(w, "cached"), ValueError, "key_mask"),
+    ("[silent] uncached right-padded key_mask", lambda w: right_padded(w, "uncached"), ValueError, "key_mask"),
     ("[silent] key_mask with a hole", lambda w: generate(w.model, torch.tensor([[0, 5, 6]]), 2,
-                                                         key_mask=torch.tensor([[1, 0, 1]])), ValueError,
-     ["key_mask row 0", r"\[1, 0, 1\]", "right padding"]),
+                                                         key_mask=torch.tensor([[1, 0, 1]])), ValueError, "key_mask"),
     ("[silent] key_mask of halves", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
-                                                       key_mask=torch.tensor([[0.5, 1.0]])), ValueError,
-     ["key_mask", "True/False", "float32"]),
+                                                       key_mask=torch.tensor([[0.5, 1.0]])), ValueError, "key_mask"),
     ("[silent] key_mask of twos", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
-                                                     key_mask=torch.tensor([[2, 1]])), ValueError,
-     ["key_mask", "True/False", "int64"]),
+                                                     key_mask=torch.tensor([[2, 1]])), ValueError, "key_mask"),
     ("[silent] key_mask a list", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2, key_mask=[[1, 1]]),
-     TypeError, ["key_mask", "list"]),
+     TypeError, "key_mask"),
     ("[silent] key_mask of another shape", lambda w: generate(w.model, torch.tensor([[0, 5]]), 2,
                                                               key_mask=torch.ones(1, 3, dtype=torch.bool)),
-     ValueError, ["key_mask", r"\(1, 2\)", r"\(1, 3\)"]),
+     ValueError, "key_mask"),
 ]
 
 HOOK_CASES = [
-    ("[silent] hook returns one row for two", hook_one_row, ValueError,
-     ["logits_hook", r"\(2, {v}\)", r"got \(1, {v}\)"]),
+    ("[silent] hook returns one row for two", hook_one_row, ValueError, "logits_hook"),
     ("[silent] hook returns a list", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: l.tolist()),
-     ValueError, ["logits_hook", r"\(B, V\)", "got list"]),
+     ValueError, "logits_hook"),
     ("[silent] hook returns None", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: None),
-     ValueError, ["logits_hook", "got NoneType"]),
+     ValueError, "logits_hook"),
     ("[nan] hook returns NaN", lambda w: generate(w.model, w.idx(), 2, logits_hook=lambda s, t, l: l * math.nan),
-     ValueError, ["logits row 0", "NaN"]),
+     ValueError, "logits"),
     ("[nan] hook bans everything", lambda w: generate(w.model, w.idx(), 2,
                                                       logits_hook=lambda s, t, l: l - math.inf),
-     ValueError, ["logits row 0", "every entry is -inf"]),
+     ValueError, "logits"),
     ("[silent] hook returns integers", lambda w: generate(w.model, w.idx(), 2,
                                                           logits_hook=lambda s, t, l: l.long()),
-     TypeError, ["logits", "floating dtype", "torch.int64"]),
+     TypeError, "logits"),
     ("[silent] uncached hook returns one row for two", lambda w: generate_uncached(
         w.model, torch.tensor([[0, 5], [0, 6]]), 2, block_size=BLOCK, logits_hook=lambda s, t, l: l[:1]), ValueError,
-     ["logits_hook", r"\(2, {v}\)", r"got \(1, {v}\)"]),
+     "logits_hook"),
     ("[silent] uncached f returns one row for two", lambda w: generate_uncached(
-        lambda x: (torch.zeros(1, 1, 5), None), torch.tensor([[0, 5], [0, 6]]), 2, block_size=BLOCK), ValueError,
-     ["f \\(or logits_hook\\)", "B = 2 rows", r"\(1, 5\)"]),
+        lambda x: (torch.zeros(1, 1, 5), None), torch.tensor([[0, 5], [0, 6]]), 2, block_size=BLOCK), ValueError, "f"),
     ("[nan] uncached hook returns NaN", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=BLOCK,
                                                                     logits_hook=lambda s, t, l: l * math.nan),
-     ValueError, ["logits row 0", "NaN"]),
+     ValueError, "logits"),
 ]
 
 NAN_CASES = [
     ("[nan] generate with a NaN weight", lambda w: generate(nan_weight_model(w), w.idx(), 4, temperature=0.0),
-     ValueError, ["model weight transformer.h.0.mlp.c_fc.weight", "1 non-finite", "NaN"]),
+     ValueError, "model"),
     ("[nan] generate with an inf weight", lambda w: generate(nan_weight_model(w, math.inf), w.idx(), 4), ValueError,
-     ["model weight transformer.h.0.mlp.c_fc.weight", "non-finite"]),
-    ("[nan] write with a NaN weight", lambda w: write(nan_weight_model(w), w.tok, "春"), ValueError,
-     ["model weight", "NaN"]),
-    ("[nan] acrostic with a NaN weight", lambda w: acrostic(nan_weight_model(w), w.tok, "春", 5), ValueError,
-     ["model weight", "NaN"]),
+     "model"),
+    ("[nan] write with a NaN weight", lambda w: write(nan_weight_model(w), w.tok, "春"), ValueError, "model"),
+    ("[nan] acrostic with a NaN weight", lambda w: acrostic(nan_weight_model(w), w.tok, "春", 5), ValueError, "model"),
     ("[nan] temperature inf", lambda w: sample_next(torch.zeros(1, 3), temperature=math.inf), ValueError,
-     ["temperature", "finite", "inf"]),
+     "temperature"),
     ("[nan] temperature -inf", lambda w: sample_next(torch.zeros(1, 3), temperature=-math.inf), ValueError,
-     ["temperature", "-inf"]),
+     "temperature"),
     ("[nan] temperature 10**400", lambda w: sample_next(torch.zeros(1, 3), temperature=10**400), ValueError,
-     ["temperature", "finite", "1000000"]),
+     "temperature"),
     ("[nan] temperature tiny negative", lambda w: probabilities(torch.zeros(1, 3), temperature=-1e-300), ValueError,
-     ["temperature", ">= 0", "-1e-300"]),
-    ("[nan] temperature complex", lambda w: probabilities(torch.zeros(1, 3), temperature=1j), TypeError,
-     ["temperature", "real number", "1j"]),
-    ("[nan] temperature None", lambda w: probabilities(torch.zeros(1, 3), temperature=None), TypeError,
-     ["temperature", "None"]),
-    ("[nan] top_p NaN", lambda w: probabilities(torch.zeros(1, 3), top_p=math.nan), ValueError, ["top_p", "nan"]),
-    ("[nan] top_p inf", lambda w: probabilities(torch.zeros(1, 3), top_p=math.inf), ValueError, ["top_p", "inf"]),
-    ("[nan] top_k float", lambda w: probabilities(torch.zeros(1, 3), top_k=2.0), TypeError, ["top_k", "2.0"]),
-    ("[nan] top_k bool", lambda w: probabilities(torch.zeros(1, 3), top_k=True), TypeError, ["top_k", "True"]),
+     "temperature"),
+    ("[nan] temperature complex", lambda w: probabilities(torch.zeros(1, 3), temperature=1j), TypeError, "temperature"),
+    ("[nan] temperature None", lambda w: probabilities(torch.zeros(1, 3), temperature=None), TypeError, "temperature"),
+    ("[nan] top_p NaN", lambda w: probabilities(torch.zeros(1, 3), top_p=math.nan), ValueError, "top_p"),
+    ("[nan] top_p inf", lambda w: probabilities(torch.zeros(1, 3), top_p=math.inf), ValueError, "top_p"),
+    ("[nan] top_k float", lambda w: probabilities(torch.zeros(1, 3), top_k=2.0), TypeError, "top_k"),
+    ("[nan] top_k bool", lambda w: probabilities(torch.zeros(1, 3), top_k=True), TypeError, "top_k"),
     ("[nan] apply_temperature NaN", lambda w: _sampling_mod().apply_temperature(torch.zeros(1, 3), math.nan),
-     ValueError, ["temperature", "nan"]),
+     ValueError, "temperature"),
     ("[nan] logits -inf and NaN", lambda w: _sampling_mod().top_k_filter(torch.tensor([[-math.inf, math.nan]]), 1),
-     ValueError, ["row 0", "NaN"]),
-    ("[nan] logits complex", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.complex64)), TypeError,
-     ["floating dtype", "complex64"]),
-    ("[nan] logits bool", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.bool)), TypeError,
-     ["floating dtype", "torch.bool"]),
-    ("[nan] logits 3-D", lambda w: sample_next(torch.zeros(1, 2, 3)), ValueError, [r"\(B, V\)", r"\(1, 2, 3\)"]),
-    ("[nan] logits V = 0", lambda w: sample_next(torch.zeros(2, 0)), ValueError, ["at least one", "V = 0"]),
-    ("[nan] top_p_filter p 0", lambda w: _sampling_mod().top_p_filter(torch.zeros(1, 3), 0), ValueError,
-     ["top_p", "got 0"]),
+     ValueError, "logits"),
+    ("[nan] logits complex", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.complex64)), TypeError, "logits"),
+    ("[nan] logits bool", lambda w: sample_next(torch.zeros(1, 3, dtype=torch.bool)), TypeError, "logits"),
+    ("[nan] logits 3-D", lambda w: sample_next(torch.zeros(1, 2, 3)), ValueError, "logits"),
+    ("[nan] logits V = 0", lambda w: sample_next(torch.zeros(2, 0)), ValueError, "logits"),
+    ("[nan] top_p_filter p 0", lambda w: _sampling_mod().top_p_filter(torch.zeros(1, 3), 0), ValueError, "top_p"),
 ]
 
 TRAIN_CASES = [
-    ("[train] train on no poems", lambda w: train(tiny_train_config(w), poems=[], progress=False), ValueError,
-     ["poems: 0 poems", "at least block_size \\+ 2 = 10", "at least 20"]),
+    ("[train] train on no poems", lambda w: train(tiny_train_config(w), poems=[], progress=False), ValueError, "poems"),
     ("[train] train on five poems", lambda w: train(tiny_train_config(w), poems=POEMS[:5], progress=False),
-     ValueError, ["poems: 5 poems", "0 validation"]),
+     ValueError, "poems"),
     ("[train] train on a str", lambda w: train(tiny_train_config(w), poems="床前看月光", progress=False), TypeError,
-     ["poems", "list of str", "'床前看月光'"]),
+     "poems"),
     ("[train] train on numbers", lambda w: train(tiny_train_config(w), poems=[1, 2], progress=False), ValueError,
-     [r"poems\[0\]", "non-empty str", "got 1"]),
+     "poems"),
     ("[train] train on an empty poem", lambda w: train(tiny_train_config(w), poems=["春", ""], progress=False),
-     ValueError, [r"poems\[1\]", "got ''"]),
-    ("[train] train with a dict config", lambda w: train({"steps": 4}, poems=POEMS), TypeError,
-     ["cfg", "TrainConfig", "dict"]),
+     ValueError, "poems"),
+    ("[train] train with a dict config", lambda w: train({"steps": 4}, poems=POEMS), TypeError, "cfg"),
     ("[train] resume and restart", lambda w: train(tiny_train_config(w), resume=True, restart=True, poems=POEMS),
-     ValueError, ["resume and restart", "exclude"]),
-    ("[train] resume 'yes'", lambda w: train(tiny_train_config(w), resume="yes", poems=POEMS), TypeError,
-     ["resume", "True or False", "'yes'"]),
-    ("[train] fresh run over an unfinished one", lambda w: with_unfinished_state(w), FileExistsError,
-     ["unfinished run", "step 2 of 4", "--resume", "--restart"]),
-    ("[train] resume with more steps", lambda w: with_unfinished_state(w, resume=True, steps=12), ValueError,
-     ["another configuration", "steps: 4 -> 12", "--restart"]),
+     ValueError, "resume"),
+    ("[train] resume 'yes'", lambda w: train(tiny_train_config(w), resume="yes", poems=POEMS), TypeError, "resume"),
+    ("[train] fresh run over an unfinished one", lambda w: with_unfinished_state(w), FileExistsError, "state.pt"),
+    ("[train] resume with more steps", lambda w: with_unfinished_state(w, resume=True, steps=12), ValueError, "steps"),
     ("[train] resume with another width", lambda w: with_unfinished_state(w, resume=True, n_embd=8), ValueError,
-     ["n_embd: 16 -> 8"]),
+     "n_embd"),
     ("[train] resume with another seed and lr", lambda w: with_unfinished_state(w, resume=True, seed=2, lr=0.5),
-     ValueError, ["lr: 0.003 -> 0.5", "seed: 1 -> 2"]),
+     ValueError, "lr"),
     ("[nan] export of NaN weights", lambda w: train_mod.export(nan_weight_model(w), w.tok, tiny_train_config(w), [], {},
-                                                           w.tmp / "out"), FloatingPointError,
-     ["export", "NaN or inf", "never"]),
-    ("[special] resume from a FIFO state", lambda w: resume_from_fifo(w), IntegrityError,
-     ["state.pt", "FIFO", "training state"]),
-    ("[special] fresh run over a FIFO state", lambda w: resume_from_fifo(w, resume=False), FileExistsError,
-     ["state.pt", "FIFO", "--restart"]),
-    ("[train] TrainConfig seed -1", lambda w: tiny_train_config(w, seed=-1), ValueError,
-     ["seed", r"\[0, 2\*\*64 - 1\]", "got -1"]),
-    ("[train] TrainConfig seed 2**64", lambda w: tiny_train_config(w, seed=2**64), ValueError,
-     ["seed", str(2**64)]),
-    ("[train] TrainConfig seed str", lambda w: tiny_train_config(w, seed="1"), ValueError, ["seed", "'1'"]),
-    ("[train] TrainConfig warmup -1", lambda w: tiny_train_config(w, warmup=-1), ValueError,
-     ["warmup", ">= 0", "got -1"]),
-    ("[train] TrainConfig grad_clip inf", lambda w: tiny_train_config(w, grad_clip=math.inf), ValueError,
-     ["grad_clip", "finite", "inf"]),
-    ("[train] TrainConfig lr 0", lambda w: tiny_train_config(w, lr=0.0), ValueError, ["lr", r"\(0, 10\]", "lr=0.0"]),
-    ("[train] TrainConfig lr str", lambda w: tiny_train_config(w, lr="fast"), ValueError, ["lr", "'fast'"]),
-    ("[train] TrainConfig out_dir 5", lambda w: tiny_train_config(w, out_dir=5), ValueError,
-     ["out_dir", "str", "got 5"]),
+                                                           w.tmp / "out"), FloatingPointError, "export"),
+    ("[special] resume from a FIFO state", lambda w: resume_from_fifo(w), IntegrityError, "state.pt"),
+    ("[special] fresh run over a FIFO state", lambda w: resume_from_fifo(w, resume=False), FileExistsError, "state.pt"),
+    ("[train] TrainConfig seed -1", lambda w: tiny_train_config(w, seed=-1), ValueError, "seed"),
+    ("[train] TrainConfig seed 2**64", lambda w: tiny_train_config(w, seed=2**64), ValueError, "seed"),
+    ("[train] TrainConfig seed str", lambda w: tiny_train_config(w, seed="1"), ValueError, "seed"),
+    ("[train] TrainConfig warmup -1", lambda w: tiny_train_config(w, warmup=-1), ValueError, "warmup"),
+    ("[train] TrainConfig grad_clip inf", lambda w: tiny_train_config(w, grad_clip=math.inf), ValueError, "grad_clip"),
+    ("[train] TrainConfig lr 0", lambda w: tiny_train_config(w, lr=0.0), ValueError, "lr"),
+    ("[train] TrainConfig lr str", lambda w: tiny_train_config(w, lr="fast"), ValueError, "lr"),
+    ("[train] TrainConfig out_dir 5", lambda w: tiny_train_config(w, out_dir=5), ValueError, "out_dir"),
 ]
 
 FILE_CASES = [
     ("[file] manifest sha256 5", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry({"sha256": 5}))),
-     IntegrityError, ["MANIFEST.json", "'tang-char.pt'", "64 hex digits", "got 5"]),
+     IntegrityError, "MANIFEST.json"),
     ("[file] manifest sha256 short", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry(
-        {"sha256": "abc", "bytes": 1}))), IntegrityError, ["sha256 of 'tang-char.pt'", "'abc'"]),
+        {"sha256": "abc", "bytes": 1}))), IntegrityError, "MANIFEST.json"),
     ("[file] manifest bytes negative", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry(
-        {"sha256": "0" * 64, "bytes": -1}))), IntegrityError, ["'bytes'", ">= 0", "got -1"]),
+        {"sha256": "0" * 64, "bytes": -1}))), IntegrityError, "MANIFEST.json"),
     ("[file] manifest entry a str", lambda w: load_pretrained("tang-char", data_with(w, manifest_entry("x"))),
-     IntegrityError, ["entry for 'tang-char.pt'", "got 'x'"]),
+     IntegrityError, "MANIFEST.json"),
     ("[file] manifest deeply nested", lambda w: load_pretrained("tang-char", data_with(w, manifest_text("[" * 100000))),
-     IntegrityError, ["MANIFEST.json", "not valid JSON", "nested too deeply"]),
+     IntegrityError, "MANIFEST.json"),
     ("[file] manifest a list", lambda w: load_pretrained("tang-char", data_with(w, manifest_text("[1, 2]"))),
-     IntegrityError, ["MANIFEST.json", "got a list"]),
+     IntegrityError, "MANIFEST.json"),
     ("[file] manifest not UTF-8", lambda w: load_pretrained("tang-char", data_with(
-        w, lambda d: (d / "MANIFEST.json").write_bytes(b"\xff\xfe{}"))), IntegrityError,
-     ["MANIFEST.json", "not valid JSON"]),
+        w, lambda d: (d / "MANIFEST.json").write_bytes(b"\xff\xfe{}"))), IntegrityError, "MANIFEST.json"),
     ("[file] checkpoint config with an unknown key", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(config=config_plus(rope=True)))), IntegrityError, ["tang-char.pt", "'config'", "rope"]),
+        w, checkpoint_with(config=config_plus(rope=True)))), IntegrityError, "tang-char.pt"),
     ("[file] checkpoint config without vocab_size", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(config={"block_size": 16}))), IntegrityError, ["tang-char.pt", "vocab_size", "block_size"]),
+        w, checkpoint_with(config={"block_size": 16}))), IntegrityError, "tang-char.pt"),
     ("[file] checkpoint config n_head 0", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(config=config_plus(n_head=0)))), IntegrityError,
-     ["tang-char.pt", "config is not valid", "n_head", "got 0"]),
+        w, checkpoint_with(config=config_plus(n_head=0)))), IntegrityError, "tang-char.pt"),
     ("[file] checkpoint config a list", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(config=[1, 2]))), IntegrityError, ["'config' must be a dict", "list"]),
+        w, checkpoint_with(config=[1, 2]))), IntegrityError, "tang-char.pt"),
     ("[file] state dict missing a layer", lambda w: load_pretrained("tang-char", data_with(
         w, checkpoint_with(model=weights_without("transformer.h.0.attn.c_attn.weight")))), IntegrityError,
-     ["tang-char.pt", "do not fit", "missing transformer.h.0.attn.c_attn.weight"]),
+     "tang-char.pt"),
     ("[file] state dict with an extra layer", lambda w: load_pretrained("tang-char", data_with(
         w, checkpoint_with(model=lambda c: {**c["model"], "transformer.h.9.w": torch.zeros(1)}))), IntegrityError,
-     ["unexpected transformer.h.9.w"]),
+     "tang-char.pt"),
     ("[file] weight of the wrong shape", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t[:-1])))), IntegrityError,
-     ["weight lm_head.weight", r"\(58, 16\)", r"\(59, 16\)"]),
+        w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t[:-1])))), IntegrityError, "tang-char.pt"),
     ("[file] weight of the wrong dtype", lambda w: load_pretrained("tang-char", data_with(
         w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t.double())))), IntegrityError,
-     ["weight lm_head.weight", "torch.float64", "torch.float32"]),
+     "tang-char.pt"),
     ("[nan] checkpoint with a NaN weight", lambda w: load_pretrained("tang-char", data_with(
         w, checkpoint_with(model=weights_with("lm_head.weight", lambda t: t * math.nan)))), IntegrityError,
-     ["weight lm_head.weight", "non-finite", "NaN"]),
+     "tang-char.pt"),
     ("[file] weights not tensors", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(model={"a": 1}))), IntegrityError, ["'model' must be a state dict"]),
+        w, checkpoint_with(model={"a": 1}))), IntegrityError, "tang-char.pt"),
     ("[file] checkpoint a list", lambda w: load_pretrained("tang-char", data_with(w, lambda d: (
         torch.save([1, 2], d / "tang-char.pt"), integrity.record(d / "tang-char.pt", data_dir=d)))),
-     IntegrityError, ["not a kvlib checkpoint", "got list"]),
+     IntegrityError, "tang-char.pt"),
     ("[file] checkpoint names a tokenizer outside the folder", lambda w: load_pretrained("tang-char", data_with(
-        w, checkpoint_with(tokenizer="../../etc/passwd"))), IntegrityError,
-     ["'tokenizer' must name a file", "'../../etc/passwd'"]),
+        w, checkpoint_with(tokenizer="../../etc/passwd"))), IntegrityError, "tang-char.pt"),
     ("[file] tokenizer bad JSON", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("{oops"))),
-     IntegrityError, ["tang-char.tokenizer.json", "not valid JSON"]),
+     IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer not UTF-8", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_bytes(b'{"kind": "\xff"}'))), IntegrityError, ["tang-char.tokenizer.json", "UTF-8"]),
+        w, tokenizer_bytes(b'{"kind": "\xff"}'))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer a JSON list", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("[1, 2]"))),
-     IntegrityError, ["tang-char.tokenizer.json", "JSON object", "got a list"]),
+     IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer char without its table", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_text('{"kind": "char"}'))), IntegrityError, ["tang-char.tokenizer.json", "'itos'", "missing"]),
+        w, tokenizer_text('{"kind": "char"}'))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer table not a list", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_text('{"kind": "char", "itos": "abc"}'))), IntegrityError, ["itos", "list of str", "str"]),
+        w, tokenizer_text('{"kind": "char", "itos": "abc"}'))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer table with a duplicate", lambda w: load_pretrained("tang-char", data_with(
         w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", "春", "春"]})))), IntegrityError,
-     ["entry 3", "'春'", "duplicate"]),
+     "tang-char.tokenizer.json"),
     ("[file] tokenizer table with a word", lambda w: load_pretrained("tang-char", data_with(
         w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", "春风"]})))), IntegrityError,
-     ["entry 2", "one character", "'春风'"]),
+     "tang-char.tokenizer.json"),
     ("[file] tokenizer table of numbers", lambda w: load_pretrained("tang-char", data_with(
         w, tokenizer_text(json.dumps({"kind": "char", "itos": ["\n", "<unk>", 5]})))), IntegrityError,
-     ["entry 2", "got 5"]),
+     "tang-char.tokenizer.json"),
     ("[file] BPE merge naming an undefined id", lambda w: load_pretrained("tang-char", data_with(
         w, tokenizer_text(json.dumps({"kind": "bpe", "merges": [[65, 66], [300, 1]]})))), IntegrityError,
-     ["BPE merge 1", r"\[300, 1\]", "not defined yet", r"\[0, 257\)"]),
+     "tang-char.tokenizer.json"),
     ("[file] BPE merge not a pair", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": [[65]]})))), IntegrityError,
-     ["BPE merge 0", r"\[65\]", "pair"]),
+        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": [[65]]})))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] BPE merges missing", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_text('{"kind": "bpe"}'))), IntegrityError, ["'merges'", "missing"]),
+        w, tokenizer_text('{"kind": "bpe"}'))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer kind missing", lambda w: load_pretrained("tang-char", data_with(w, tokenizer_text("{}"))),
-     IntegrityError, ["unknown tokenizer kind None", "expected one of"]),
+     IntegrityError, "tang-char.tokenizer.json"),
     ("[file] tokenizer of another model", lambda w: load_pretrained("tang-char", data_with(
-        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": []})))), IntegrityError,
-     ["tang-char.tokenizer.json", "bpe, 257 ids", "does not belong to tang-char", "59 ids"]),
+        w, tokenizer_text(json.dumps({"kind": "bpe", "merges": []})))), IntegrityError, "tang-char.tokenizer.json"),
     ("[file] truncated corpus .xz, re-recorded", lambda w: load_text(corpus_dir(w, truncated_xz)), IntegrityError,
-     ["tang.txt.xz", "not a complete .xz", "truncated"]),
-    ("[file] corpus info bad JSON", lambda w: load_text(corpus_dir(w, info_text("{"))), IntegrityError,
-     ["tang.json", "not valid JSON"]),
+     "tang.txt.xz"),
+    ("[file] corpus info bad JSON", lambda w: load_text(corpus_dir(w, info_text("{"))), IntegrityError, "tang.json"),
     ("[file] corpus info without the text's sha256", lambda w: load_text(corpus_dir(w, info_text("{}"))),
-     IntegrityError, ["tang.json", "text_sha256", "None"]),
-    ("[file] corpus info a list", lambda w: load_text(corpus_dir(w, info_text("[]"))), IntegrityError,
-     ["tang.json", "JSON object"]),
-    ("[file] load_tokenizer bad JSON", lambda w: load_tokenizer(tok_file(w, "{oops")), IntegrityError,
-     ["t.json", "not valid JSON"]),
-    ("[file] load_tokenizer a number", lambda w: load_tokenizer(tok_file(w, 5)), IntegrityError,
-     ["t.json", "got a int"]),
-    ("[file] load_tokenizer missing", lambda w: load_tokenizer(w.tmp / "none.json"), IntegrityError,
-     ["none.json", "missing"]),
-    ("[file] save_tokenizer of a str", lambda w: save_tokenizer("char", w.tmp / "t.json"), TypeError,
-     ["tokenizer", "str"]),
+     IntegrityError, "tang.json"),
+    ("[file] corpus info a list", lambda w: load_text(corpus_dir(w, info_text("[]"))), IntegrityError, "tang.json"),
+    ("[file] load_tokenizer bad JSON", lambda w: load_tokenizer(tok_file(w, "{oops")), IntegrityError, "t.json"),
+    ("[file] load_tokenizer a number", lambda w: load_tokenizer(tok_file(w, 5)), IntegrityError, "t.json"),
+    ("[file] load_tokenizer missing", lambda w: load_tokenizer(w.tmp / "none.json"), IntegrityError, "none.json"),
+    ("[file] save_tokenizer of a str", lambda w: save_tokenizer("char", w.tmp / "t.json"), TypeError, "tokenizer"),
 ]
 
 SPECIAL_CASES = [
     ("[special] checkpoint is a FIFO", lambda w: load_pretrained("tang-char", data_with(w, special("fifo"))),
-     IntegrityError, ["tang-char.pt", "FIFO", "regular file"]),
+     IntegrityError, "tang-char.pt"),
     ("[special] checkpoint links to /dev/zero", lambda w: load_pretrained("tang-char", data_with(w, special("zero"))),
-     IntegrityError, ["tang-char.pt", "a device", "regular file"]),
+     IntegrityError, "tang-char.pt"),
     ("[special] checkpoint is a folder", lambda w: load_pretrained("tang-char", data_with(w, special("dir"))),
-     IntegrityError, ["tang-char.pt", "a folder", "regular file"]),
+     IntegrityError, "tang-char.pt"),
     ("[special] checkpoint is a dangling link", lambda w: load_pretrained("tang-char", data_with(
-        w, special("dangling"))), IntegrityError, ["tang-char.pt", "missing"]),
+        w, special("dangling"))), IntegrityError, "tang-char.pt"),
     ("[special] tokenizer is a FIFO", lambda w: load_pretrained("tang-char", data_with(
-        w, special("fifo", "tang-char.tokenizer.json"))), IntegrityError, ["tokenizer.json", "FIFO"]),
+        w, special("fifo", "tang-char.tokenizer.json"))), IntegrityError, "tang-char.tokenizer.json"),
     ("[special] manifest is a FIFO", lambda w: load_pretrained("tang-char", data_with(w, special("fifo", "MANIFEST.json"))),
-     IntegrityError, ["MANIFEST.json", "FIFO", "manifest"]),
+     IntegrityError, "MANIFEST.json"),
     ("[special] manifest is a folder", lambda w: load_pretrained("tang-char", data_with(w, special("dir", "MANIFEST.json"))),
-     IntegrityError, ["MANIFEST.json", "a folder"]),
-    ("[special] load_tokenizer from a FIFO", lambda w: load_tokenizer(fifo(w)), IntegrityError, ["pipe", "FIFO"]),
-    ("[special] load_tokenizer from /dev/zero", lambda w: load_tokenizer("/dev/zero"), IntegrityError,
-     ["/dev/zero", "a device"]),
-    ("[special] load_tokenizer from a folder", lambda w: load_tokenizer(w.tmp), IntegrityError, ["a folder"]),
+     IntegrityError, "MANIFEST.json"),
+    ("[special] load_tokenizer from a FIFO", lambda w: load_tokenizer(fifo(w)), IntegrityError, "pipe"),
+    ("[special] load_tokenizer from /dev/zero", lambda w: load_tokenizer("/dev/zero"), IntegrityError, "/dev/zero"),
+    ("[special] load_tokenizer from a folder", lambda w: load_tokenizer(w.tmp), IntegrityError, "tokenizer"),
 ]
 
 EDGE_CASES = [
     # text in, text out
-    ("[edge] encode a lone surrogate", lambda w: w.tok.encode("春\udcff"), ValueError,
-     ["text", "not valid Unicode", r"'\\udcff'", "index 1"]),
-    ("[edge] bpe encode a lone surrogate", lambda w: w.bpe.encode("\udce4"), ValueError,
-     ["not valid Unicode", r"'\\udce4'"]),
-    ("[edge] write a lone surrogate", lambda w: write(w.model, w.tok, "\udcff"), ValueError, ["not valid Unicode"]),
-    ("[edge] write seed str", lambda w: write(w.model, w.tok, "春", seed="abc"), TypeError, ["seed", "'abc'"]),
-    ("[edge] write seed 2**64", lambda w: write(w.model, w.tok, "春", seed=2**64), ValueError,
-     ["seed", r"\[0, 2\*\*64 - 1\]", str(2**64)]),
-    ("[edge] write seed negative", lambda w: write(w.model, w.tok, "春", seed=-1), ValueError, ["seed", "got -1"]),
-    ("[edge] write n True", lambda w: write(w.model, w.tok, "春", n=True), ValueError, ["n ", "got True"]),
-    ("[edge] write a list with a number", lambda w: write(w.model, w.tok, ["春", 5]), TypeError,
-     ["str or a list of str"]),
+    ("[edge] encode a lone surrogate", lambda w: w.tok.encode("春\udcff"), ValueError, "text"),
+    ("[edge] bpe encode a lone surrogate", lambda w: w.bpe.encode("\udce4"), ValueError, "text"),
+    ("[edge] write a lone surrogate", lambda w: write(w.model, w.tok, "\udcff"), ValueError, "texts"),
+    ("[edge] write seed str", lambda w: write(w.model, w.tok, "春", seed="abc"), TypeError, "seed"),
+    ("[edge] write seed 2**64", lambda w: write(w.model, w.tok, "春", seed=2**64), ValueError, "seed"),
+    ("[edge] write seed negative", lambda w: write(w.model, w.tok, "春", seed=-1), ValueError, "seed"),
+    ("[edge] write n True", lambda w: write(w.model, w.tok, "春", n=True), ValueError, "n"),
+    ("[edge] write a list with a number", lambda w: write(w.model, w.tok, ["春", 5]), TypeError, "prompts"),
     ("[edge] write with another tokenizer", lambda w: write(w.model, other_char_tokenizer(), "春"), ValueError,
-     ["does not belong", "model \\(59 ids\\)", "load_pretrained"]),
-    ("[edge] write with the BPE tokenizer", lambda w: write(w.model, w.bpe, "春"), ValueError,
-     ["tokenizer \\(bpe, 257 ids\\) does not belong"]),
-    ("[edge] write with a str tokenizer", lambda w: write(w.model, "char", "春"), TypeError,
-     ["kvlib tokenizer", "str"]),
-    ("[edge] write_ids a str", lambda w: _text_mod().write_ids(w.model, w.tok, "春"), TypeError,
-     ["texts", "list of str", "'春'"]),
+     "tokenizer"),
+    ("[edge] write with the BPE tokenizer", lambda w: write(w.model, w.bpe, "春"), ValueError, "tokenizer"),
+    ("[edge] write with a str tokenizer", lambda w: write(w.model, "char", "春"), TypeError, "tokenizer"),
+    ("[edge] write_ids a str", lambda w: _text_mod().write_ids(w.model, w.tok, "春"), TypeError, "texts"),
     ("[edge] write_ids a number in the list", lambda w: _text_mod().write_ids(w.model, w.tok, ["春", 3]),
-     TypeError, [r"texts\[1\]", "str", "int"]),
-    ("[edge] top_next k True", lambda w: top_next(w.model, w.tok, "春", True), ValueError, ["k must be", "True"]),
+     TypeError, "texts"),
+    ("[edge] top_next k True", lambda w: top_next(w.model, w.tok, "春", True), ValueError, "k"),
     ("[edge] top_next with another tokenizer", lambda w: top_next(w.model, other_char_tokenizer(), "春"), ValueError,
-     ["does not belong"]),
+     "tokenizer"),
     ("[edge] next_token_probs temperature -1", lambda w: _text_mod().next_token_probs(w.model, w.tok, "春", -1.0),
-     ValueError, ["temperature", "got -1"]),
-    ("[edge] rank_of an int", lambda w: rank_of(w.model, w.tok, "春", 5), TypeError, ["char", "str", "int"]),
-    ("[edge] rank_of empty", lambda w: rank_of(w.model, w.tok, "春", ""), ValueError, ["exactly one token", "''"]),
-    ("[edge] encode_prompt None", lambda w: _text_mod().encode_prompt(w.tok, None), TypeError, ["text", "NoneType"]),
+     ValueError, "temperature"),
+    ("[edge] rank_of an int", lambda w: rank_of(w.model, w.tok, "春", 5), TypeError, "char"),
+    ("[edge] rank_of empty", lambda w: rank_of(w.model, w.tok, "春", ""), ValueError, "char"),
+    ("[edge] encode_prompt None", lambda w: _text_mod().encode_prompt(w.tok, None), TypeError, "text"),
     ("[edge] completion row 5", lambda w: _text_mod().completion(w.tok, generate(w.model, w.idx(), 1), 5),
-     ValueError, ["b must be", r"\[0, 0\]", "got 5"]),
-    ("[edge] count_followers empty prefix", lambda w: _text_mod().count_followers(POEMS, ""), ValueError,
-     ["prefix", "at least one", "''"]),
-    ("[edge] count_followers a str corpus", lambda w: _text_mod().count_followers("春风", "春"), TypeError,
-     ["poems", "list of str", "'春风'"]),
-    ("[edge] format_score a str", lambda w: _text_mod().format_score("春风"), TypeError, ["poems", "'春风'"]),
-    ("[edge] line_lengths an int", lambda w: _text_mod().line_lengths(5), TypeError, ["poem", "str", "int"]),
+     ValueError, "b"),
+    ("[edge] count_followers empty prefix", lambda w: _text_mod().count_followers(POEMS, ""), ValueError, "prefix"),
+    ("[edge] count_followers a str corpus", lambda w: _text_mod().count_followers("春风", "春"), TypeError, "poems"),
+    ("[edge] format_score a str", lambda w: _text_mod().format_score("春风"), TypeError, "poems"),
+    ("[edge] line_lengths an int", lambda w: _text_mod().line_lengths(5), TypeError, "poem"),
     # constrained decoding
-    ("[edge] acrostic 7.0 per line", lambda w: acrostic(w.model, w.tok, "春眠", 7.0), TypeError,
-     ["chars_per_line", "5 or 7", "got 7.0"]),
-    ("[edge] acrostic True per line", lambda w: acrostic(w.model, w.tok, "春眠", True), TypeError,
-     ["chars_per_line", "got True"]),
-    ("[edge] acrostic surrogate head", lambda w: acrostic(w.model, w.tok, "春\udcff"), ValueError,
-     ["heads", "not valid Unicode"]),
+    ("[edge] acrostic 7.0 per line", lambda w: acrostic(w.model, w.tok, "春眠", 7.0), TypeError, "chars_per_line"),
+    ("[edge] acrostic True per line", lambda w: acrostic(w.model, w.tok, "春眠", True), TypeError, "chars_per_line"),
+    ("[edge] acrostic surrogate head", lambda w: acrostic(w.model, w.tok, "春\udcff"), ValueError, "heads"),
     ("[edge] acrostic temperature str", lambda w: acrostic(w.model, w.tok, "春", 5, temperature="hot"), TypeError,
-     ["temperature", "'hot'"]),
+     "temperature"),
     ("[edge] acrostic seed as generator", lambda w: acrostic(w.model, w.tok, "春", 5, generator=7), TypeError,
-     ["torch.Generator", "int"]),
+     "generator"),
     ("[edge] acrostic with another tokenizer", lambda w: acrostic(w.model, other_char_tokenizer(), "春", 5),
-     ValueError, ["does not belong"]),
+     ValueError, "tokenizer"),
     ("[silent] quatrain_schedule lines -1", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=-1),
-     ValueError, ["lines", "positive int", "got -1"]),
+     ValueError, "lines"),
     ("[silent] quatrain_schedule lines 0", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=0),
-     ValueError, ["lines", "got 0"]),
+     ValueError, "lines"),
     ("[silent] quatrain_schedule lines 2.5", lambda w: _constraints_mod().quatrain_schedule(w.tok, 7, lines=2.5),
-     TypeError, ["lines", "got 2.5"]),
-    ("[edge] quatrain 5.0 per line", lambda w: quatrain(w.model, w.tok, 5.0), TypeError,
-     ["chars_per_line", "5 or 7", "got 5.0"]),
+     TypeError, "lines"),
+    ("[edge] quatrain 5.0 per line", lambda w: quatrain(w.model, w.tok, 5.0), TypeError, "chars_per_line"),
     ("[edge] acrostic_schedule 6 per line", lambda w: _constraints_mod().acrostic_schedule(w.tok, "春", 6),
-     ValueError, ["chars_per_line", "got 6"]),
-    ("[edge] max_lines block 0", lambda w: _constraints_mod().max_lines(0, 7), ValueError, ["block_size", "got 0"]),
-    ("[edge] max_lines line length 0", lambda w: _constraints_mod().max_lines(128, 0), ValueError,
-     ["chars_per_line", "got 0"]),
-    ("[edge] poem_lines None", lambda w: _constraints_mod().poem_lines(None), TypeError, ["poem", "NoneType"]),
-    ("[edge] is_acrostic int heads", lambda w: _constraints_mod().is_acrostic("春。", 5, 7), TypeError,
-     ["heads", "int"]),
+     ValueError, "chars_per_line"),
+    ("[edge] max_lines block 0", lambda w: _constraints_mod().max_lines(0, 7), ValueError, "block_size"),
+    ("[edge] max_lines line length 0", lambda w: _constraints_mod().max_lines(128, 0), ValueError, "chars_per_line"),
+    ("[edge] poem_lines None", lambda w: _constraints_mod().poem_lines(None), TypeError, "poem"),
+    ("[edge] is_acrostic int heads", lambda w: _constraints_mod().is_acrostic("春。", 5, 7), TypeError, "heads"),
     ("[edge] acrostic_report 0 per line", lambda w: _constraints_mod().acrostic_report("春。", "春", 0), ValueError,
-     ["chars_per_line", "got 0"]),
+     "chars_per_line"),
     # the model, its cache and generate's other edges
-    ("[edge] KVCache of a dict", lambda w: KVCache({"vocab_size": 8}, 1), TypeError,
-     ["config", "GPTConfig", "dict", r"GPTConfig\(\*\*d\)"]),
-    ("[edge] KVCache of an int dtype", lambda w: KVCache(w.model.config, 1, dtype=torch.int64), TypeError,
-     ["dtype", "floating", "torch.int64"]),
-    ("[edge] KVCache batch 1.5", lambda w: KVCache(w.model.config, 1.5), TypeError, ["batch_size", "got 1.5"]),
-    ("[edge] KVCache max_len 0", lambda w: KVCache(w.model.config, 1, 0), ValueError, ["max_len", "got 0"]),
+    ("[edge] KVCache of a dict", lambda w: KVCache({"vocab_size": 8}, 1), TypeError, "config"),
+    ("[edge] KVCache of an int dtype", lambda w: KVCache(w.model.config, 1, dtype=torch.int64), TypeError, "dtype"),
+    ("[edge] KVCache batch 1.5", lambda w: KVCache(w.model.config, 1.5), TypeError, "batch_size"),
+    ("[edge] KVCache max_len 0", lambda w: KVCache(w.model.config, 1, 0), ValueError, "max_len"),
     ("[edge] GrowingKVCache of None", lambda w: importlib.import_module("kvlib.model").GrowingKVCache(None),
-     TypeError, ["config", "GPTConfig", "NoneType"]),
-    ("[edge] model 3-D ids", lambda w: w.model(torch.zeros(1, 2, 3, dtype=torch.long)), TypeError,
-     ["integer tensor", r"\(1, 2, 3\)"]),
-    ("[edge] model ids past the vocabulary", lambda w: w.model(torch.tensor([[0, 999]])), ValueError,
-     ["idx holds token ids 0..999", r"\[0, {v}\)", "tokenizer"]),
-    ("[edge] model negative ids", lambda w: w.model(torch.tensor([[-1, 2]])), ValueError, ["-1..2"]),
+     TypeError, "config"),
+    ("[edge] model 3-D ids", lambda w: w.model(torch.zeros(1, 2, 3, dtype=torch.long)), TypeError, "idx"),
+    ("[edge] model ids past the vocabulary", lambda w: w.model(torch.tensor([[0, 999]])), ValueError, "idx"),
+    ("[edge] model negative ids", lambda w: w.model(torch.tensor([[-1, 2]])), ValueError, "idx"),
     ("[edge] model targets of another shape", lambda w: w.model(w.idx(), targets=torch.zeros(1, 2, dtype=torch.long)),
-     ValueError, ["targets", r"\(1, 3\)", r"\(1, 2\)"]),
+     ValueError, "targets"),
     ("[edge] model targets past the vocabulary", lambda w: w.model(w.idx(), targets=torch.tensor([[1, 2, 999]])),
-     ValueError, ["targets hold ids 1..999", "-1 \\(ignored\\)"]),
-    ("[edge] model key_mask a list", lambda w: w.model(w.idx(), key_mask=[[1, 1, 1]]), TypeError,
-     ["key_mask", "torch.Tensor", "list"]),
+     ValueError, "targets"),
+    ("[edge] model key_mask a list", lambda w: w.model(w.idx(), key_mask=[[1, 1, 1]]), TypeError, "key_mask"),
     ("[edge] model position_ids of another shape", lambda w: w.model(w.idx(), position_ids=torch.zeros(3, dtype=torch.long)),
-     ValueError, ["position_ids", r"\(B, T\) = \(1, 3\)", r"\(3,\)"]),
+     ValueError, "position_ids"),
     ("[edge] model negative position ids", lambda w: w.model(w.idx(), position_ids=torch.tensor([[-1, 0, 1]])),
-     ValueError, ["position ids", ">= 0", "got -1"]),
+     ValueError, "position_ids"),
     ("[edge] model cache of another batch", lambda w: w.model(torch.zeros(2, 3, dtype=torch.long),
-                                                              cache=KVCache(w.model.config, 1)), ValueError,
-     ["cache holds 1 sequence", "2 row"]),
-    ("[edge] load_pretrained data_dir 5", lambda w: load_pretrained("tang-char", 5), TypeError,
-     ["data folder", "int"]),
-    ("[edge] load_tokenizer of None", lambda w: load_tokenizer(None), TypeError, ["path", "NoneType"]),
-    ("[edge] generate int32 prompt", lambda w: generate(w.model, w.idx().int(), 2), TypeError,
-     ["int64 tensor", "torch.int32"]),
-    ("[edge] generate max_new_tokens True", lambda w: generate(w.model, w.idx(), True), TypeError,
-     ["max_new_tokens", "got True"]),
-    ("[edge] generate eos -1", lambda w: generate(w.model, w.idx(), 2, eos_id=-1), ValueError, ["eos_id", "-1"]),
+                                                              cache=KVCache(w.model.config, 1)), ValueError, "cache"),
+    ("[edge] load_pretrained data_dir 5", lambda w: load_pretrained("tang-char", 5), TypeError, "verified_path"),
+    ("[edge] load_tokenizer of None", lambda w: load_tokenizer(None), TypeError, "path"),
+    ("[edge] generate int32 prompt", lambda w: generate(w.model, w.idx().int(), 2), TypeError, "idx"),
+    ("[edge] generate max_new_tokens True", lambda w: generate(w.model, w.idx(), True), TypeError, "max_new_tokens"),
+    ("[edge] generate eos -1", lambda w: generate(w.model, w.idx(), 2, eos_id=-1), ValueError, "eos_id"),
     ("[edge] generate unknown decoder", lambda w: generate(w.model, w.idx(), 2, decoder="turbo"), ValueError,
-     ["decoder", "'turbo'", "fast"]),
-    ("[edge] generate decoder a number", lambda w: generate(w.model, w.idx(), 2, decoder=3), TypeError,
-     ["decoder", "int"]),
+     "decoder"),
+    ("[edge] generate decoder a number", lambda w: generate(w.model, w.idx(), 2, decoder=3), TypeError, "decoder"),
     ("[silent] uncached block_size True", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=True),
-     TypeError, ["block_size", "positive int", "got True"]),
+     TypeError, "block_size"),
     ("[edge] uncached block_size 2.5", lambda w: generate_uncached(w.model, w.idx(), 2, block_size=2.5), TypeError,
-     ["block_size", "got 2.5"]),
+     "block_size"),
     ("[edge] uncached float prompt", lambda w: generate_uncached(w.model, torch.zeros(1, 2), 2, block_size=BLOCK),
-     TypeError, ["int64 tensor", "float32"]),
+     TypeError, "idx"),
     # cache verification
-    ("[edge] verify_cache steps 5.5", lambda w: verify_cache(w.model, w.idx(), 5.5), TypeError,
-     ["steps", r"\[1, 14\]", "got 5.5"]),
-    ("[edge] verify_cache steps past the block", lambda w: verify_cache(w.model, w.idx(), 15), ValueError,
-     ["steps", r"\[1, 14\] for a 3-token prompt", "got 15"]),
+    ("[edge] verify_cache steps 5.5", lambda w: verify_cache(w.model, w.idx(), 5.5), TypeError, "steps"),
+    ("[edge] verify_cache steps past the block", lambda w: verify_cache(w.model, w.idx(), 15), ValueError, "steps"),
     ("[edge] verify_cache prompt past the block", lambda w: verify_cache(w.model, torch.zeros(1, 17, dtype=torch.long), 1),
-     ContextLimitError, ["17 tokens", "holds 16"]),
-    ("[edge] verify_cache float prompt", lambda w: verify_cache(w.model, torch.zeros(1, 3), 2), TypeError,
-     ["idx", "int64", "float32"]),
+     ContextLimitError, "prompt"),
+    ("[edge] verify_cache float prompt", lambda w: verify_cache(w.model, torch.zeros(1, 3), 2), TypeError, "idx"),
     ("[edge] check_batch_consistency steps 0", lambda w: _verify_mod().check_batch_consistency(
-        w.model, [[0, 5], [0, 6, 7]], 0), ValueError, ["steps", r"\[1, 14\]", "got 0"]),
+        w.model, [[0, 5], [0, 6, 7]], 0), ValueError, "steps"),
     ("[edge] check_batch_consistency prompt past the block", lambda w: _verify_mod().check_batch_consistency(
-        w.model, [[0] * 17], 1), ContextLimitError, ["prompt 0 has 17 tokens", "holds 16"]),
+        w.model, [[0] * 17], 1), ContextLimitError, "prompt"),
     ("[edge] check_batch_consistency id past the vocabulary", lambda w: _verify_mod().check_batch_consistency(
-        w.model, [[0, 999]], 2), ValueError, ["prompt 0", "999", r"\[0, {v}\)"]),
+        w.model, [[0, 999]], 2), ValueError, "prompt"),
     ("[edge] check_batch_consistency float ids", lambda w: _verify_mod().check_batch_consistency(
-        w.model, [[0.5]], 2), TypeError, ["prompt 0, token 0", "0.5"]),
-    ("[edge] generate model None", lambda w: generate(None, w.idx(), 2), TypeError, ["model", "kvlib GPT", "NoneType"]),
-    ("[edge] GPT of None", lambda w: GPT(None), TypeError, ["config", "GPTConfig", "NoneType"]),
-    ("[edge] GPT of a dict", lambda w: GPT({"vocab_size": 8}), TypeError, ["GPTConfig", "dict", r"GPTConfig\(\*\*d\)"]),
-    ("[edge] verify_cache model None", lambda w: verify_cache(None, w.idx(), 2), TypeError, ["model", "NoneType"]),
+        w.model, [[0.5]], 2), TypeError, "prompt"),
+    ("[edge] generate model None", lambda w: generate(None, w.idx(), 2), TypeError, "model"),
+    ("[edge] GPT of None", lambda w: GPT(None), TypeError, "config"),
+    ("[edge] GPT of a dict", lambda w: GPT({"vocab_size": 8}), TypeError, "config"),
+    ("[edge] verify_cache model None", lambda w: verify_cache(None, w.idx(), 2), TypeError, "model"),
     ("[edge] next_token_probs model None", lambda w: _text_mod().next_token_probs(None, w.tok, "春"), TypeError,
-     ["model", "kvlib GPT"]),
+     "model"),
     ("[edge] position_ids_from_mask a list", lambda w: importlib.import_module("kvlib.decoding").position_ids_from_mask(
-        [[1, 1]]), TypeError, ["key_mask", "list"]),
-    ("[edge] result row 5", lambda w: generate(w.model, w.idx(), 1).row(5), ValueError, ["b must be", "got 5"]),
-    ("[edge] TextStream of None", lambda w: _tokenizer_mod().TextStream(None), TypeError, ["tokenizer", "NoneType"]),
-    ("[edge] acrostic tokenizer None", lambda w: acrostic(w.model, None, "春"), TypeError, ["tokenizer", "NoneType"]),
-    ("[edge] quatrain tokenizer None", lambda w: quatrain(w.model, None), TypeError, ["tokenizer", "NoneType"]),
-    ("[edge] punctuation_mask of None", lambda w: _constraints_mod().punctuation_mask(None), TypeError,
-     ["tokenizer", "NoneType"]),
+        [[1, 1]]), TypeError, "key_mask"),
+    ("[edge] result row 5", lambda w: generate(w.model, w.idx(), 1).row(5), ValueError, "b"),
+    ("[edge] TextStream of None", lambda w: _tokenizer_mod().TextStream(None), TypeError, "tokenizer"),
+    ("[edge] acrostic tokenizer None", lambda w: acrostic(w.model, None, "春"), TypeError, "tokenizer"),
+    ("[edge] quatrain tokenizer None", lambda w: quatrain(w.model, None), TypeError, "tokenizer"),
+    ("[edge] punctuation_mask of None", lambda w: _constraints_mod().punctuation_mask(None), TypeError, "tokenizer"),
     ("[edge] ban with a mask of another width", lambda w: _constraints_mod().ban(torch.zeros(1, 3),
                                                                                  torch.zeros(4, dtype=torch.bool)),
-     ValueError, ["banned", r"\(V,\) = \(3,\)", r"\(4,\)"]),
+     ValueError, "banned"),
     ("[edge] only with a float mask", lambda w: _constraints_mod().only(torch.zeros(1, 3), torch.zeros(3)), ValueError,
-     ["allowed", "bool", "torch.float32"]),
+     "allowed"),
     ("[edge] schedule shorter than the run", lambda w: generate(w.model, w.idx(), 3, logits_hook=_constraints_mod()
                                                                .schedule_hook([torch.ones(w.tok.vocab_size, dtype=torch.bool)])),
-     ValueError, ["step 1", "1 positions", "at most 1 new tokens"]),
-    ("[edge] count_followers of numbers", lambda w: _text_mod().count_followers([1, 2], "春"), TypeError,
-     ["poems", r"\[1, 2\]"]),
-    ("[edge] shape_of None", lambda w: _memory_mod().shape_of("x", None), TypeError, ["config", "GPTConfig", "NoneType"]),
+     ValueError, "schedule"),
+    ("[edge] count_followers of numbers", lambda w: _text_mod().count_followers([1, 2], "春"), TypeError, "poems"),
+    ("[edge] shape_of None", lambda w: _memory_mod().shape_of("x", None), TypeError, "config"),
     # memory arithmetic
     ("[edge] ModelShape heads 0", lambda w: _memory_mod().ModelShape("x", 2, 0, 1, 64, 10, 128), ValueError,
-     ["ModelShape.n_head", "got 0"]),
+     "ModelShape.n_head"),
     ("[edge] ModelShape kv heads 0", lambda w: _memory_mod().ModelShape("x", 2, 4, 0, 64, 10, 128), ValueError,
-     ["ModelShape.n_kv_head", "got 0"]),
+     "ModelShape.n_kv_head"),
     ("[edge] ModelShape groups that do not divide", lambda w: _memory_mod().ModelShape("x", 2, 6, 4, 64, 10, 128),
-     ValueError, [r"n_head \(6\)", r"n_kv_head \(4\)"]),
+     ValueError, "n_head"),
     ("[edge] ModelShape head_dim float", lambda w: _memory_mod().ModelShape("x", 2, 4, 4, 6.5, 10, 128), TypeError,
-     ["ModelShape.head_dim", "6.5"]),
+     "ModelShape.head_dim"),
     ("[edge] ModelShape name 5", lambda w: _memory_mod().ModelShape(5, 2, 4, 4, 64, 10, 128), TypeError,
-     ["ModelShape.name", "got 5"]),
-    ("[edge] dtype_bytes None", lambda w: _memory_mod().dtype_bytes(None), ValueError, ["dtype", "None"]),
-    ("[edge] dtype_bytes a list", lambda w: _memory_mod().dtype_bytes(["float32"]), ValueError, ["dtype", "float32"]),
+     "ModelShape.name"),
+    ("[edge] dtype_bytes None", lambda w: _memory_mod().dtype_bytes(None), ValueError, "dtype"),
+    ("[edge] dtype_bytes a list", lambda w: _memory_mod().dtype_bytes(["float32"]), ValueError, "dtype"),
     ("[edge] kv_cache_bytes tokens 0", lambda w: _memory_mod().SHAPES["GPT-2 small"].kv_cache_bytes(0), ValueError,
-     ["tokens", "got 0"]),
+     "tokens"),
     ("[edge] kv_cache_bytes batch 2.5", lambda w: _memory_mod().SHAPES["GPT-2 small"].kv_cache_bytes(8, 2.5),
-     TypeError, ["batch", "2.5"]),
-    ("[edge] describe of a name", lambda w: _memory_mod().describe("GPT-5"), TypeError,
-     ["shape", "ModelShape", "str"]),
-    ("[edge] gpt2_params layers 0", lambda w: _memory_mod().gpt2_params(0, 768), ValueError, ["n_layer", "got 0"]),
-    ("[edge] gpt2_shape heads 0", lambda w: _memory_mod().gpt2_shape("x", 2, 64, 0), ValueError, ["n_head", "got 0"]),
+     TypeError, "batch"),
+    ("[edge] describe of a name", lambda w: _memory_mod().describe("GPT-5"), TypeError, "shape"),
+    ("[edge] gpt2_params layers 0", lambda w: _memory_mod().gpt2_params(0, 768), ValueError, "n_layer"),
+    ("[edge] gpt2_shape heads 0", lambda w: _memory_mod().gpt2_shape("x", 2, 64, 0), ValueError, "n_head"),
     ("[edge] llama_params kv heads 0", lambda w: _memory_mod().llama_params(2, 64, 4, 0, 128, 100), ValueError,
-     ["n_kv_head", "got 0"]),
-    ("[edge] table_rows dtype int4", lambda w: _memory_mod().table_rows(dtype="int4"), ValueError, ["dtype", "'int4'"]),
-    ("[edge] cat_bytes_copied tokens -1", lambda w: _memory_mod().cat_bytes_copied(8, -1), ValueError,
-     ["tokens", "got -1"]),
+     "n_kv_head"),
+    ("[edge] table_rows dtype int4", lambda w: _memory_mod().table_rows(dtype="int4"), ValueError, "dtype"),
+    ("[edge] cat_bytes_copied tokens -1", lambda w: _memory_mod().cat_bytes_copied(8, -1), ValueError, "tokens"),
     # tokenizers built by hand
-    ("[edge] CharTokenizer of a str", lambda w: CharTokenizer("\n<unk>春"), TypeError, ["itos", "list of str", "str"]),
-    ("[edge] ByteBPETokenizer merge of bools", lambda w: ByteBPETokenizer([(True, 2)]), ValueError,
-     ["BPE merge 0", "pair of int ids", "True"]),
-    ("[edge] ByteBPETokenizer merge ahead of itself", lambda w: ByteBPETokenizer([(1, 256)]), ValueError,
-     ["BPE merge 0", r"\[1, 256\]", r"\[0, 256\)"]),
-    ("[edge] tokenizer_from_dict a list", lambda w: _tokenizer_mod().tokenizer_from_dict([]), ValueError,
-     ["JSON object", "got a list"]),
+    ("[edge] CharTokenizer of a str", lambda w: CharTokenizer("\n<unk>春"), TypeError, "itos"),
+    ("[edge] ByteBPETokenizer merge of bools", lambda w: ByteBPETokenizer([(True, 2)]), ValueError, "merge"),
+    ("[edge] ByteBPETokenizer merge ahead of itself", lambda w: ByteBPETokenizer([(1, 256)]), ValueError, "merge"),
+    ("[edge] tokenizer_from_dict a list", lambda w: _tokenizer_mod().tokenizer_from_dict([]), ValueError, "tokenizer"),
 ]
 
 
@@ -1262,84 +1138,75 @@ MORE_CASES = (CONFIG_CASES + TRAIN_CONFIG_CASES + DECODE_CASES + PAD_CASES + MAS
               + TRAIN_CASES + FILE_CASES + SPECIAL_CASES + EDGE_CASES)
 
 
-@pytest.mark.parametrize("call, error, fragments", _params(MORE_CASES))
-def test_library_rejects_hostile_input_clearly(world, call, error, fragments):
+@pytest.mark.parametrize("call, error, param", _params(MORE_CASES))
+def test_library_rejects_hostile_input_clearly(world, call, error, param):
     with pytest.raises(error) as info:
         call(world)
-    expect(str(info.value), fragments, world)
+    expect(str(info.value), param)
 
 
 # The command line on the same tiny model: usage errors (status 2) and damaged data (status 1).
 BAD_BYTES_PROMPT = b"\xff\xfe\xe6\x98".decode("utf-8", "surrogateescape")  # what argv holds for bytes that are not UTF-8
 
 MORE_CLI_CASES = [
-    ("[cli] seed past 2**64", ["generate", "--seed", "99999999999999999999999"], 2,
-     ["--seed", r"\[0, 2\*\*64 - 1\]", "99999999999999999999999"]),
-    ("[cli] negative seed", ["generate", "--seed", "-1"], 2, ["--seed", "got -1"]),
-    ("[cli] prompt not UTF-8", ["generate", "--prompt", "春" + BAD_BYTES_PROMPT], 2,
-     ["--prompt", "not valid UTF-8", r"\\xff\\xfe", "character 1"]),
-    ("[cli] batch prompt not UTF-8", ["generate", "--batch-prompts", "春|" + BAD_BYTES_PROMPT], 2,
-     ["--batch-prompts", "not valid UTF-8"]),
+    ("[cli] seed past 2**64", ["generate", "--seed", "99999999999999999999999"], 2, "--seed"),
+    ("[cli] negative seed", ["generate", "--seed", "-1"], 2, "--seed"),
+    ("[cli] prompt not UTF-8", ["generate", "--prompt", "春" + BAD_BYTES_PROMPT], 2, "--prompt"),
+    ("[cli] batch prompt not UTF-8", ["generate", "--batch-prompts", "春|" + BAD_BYTES_PROMPT], 2, "--batch-prompts"),
     ("[cli] max-new-tokens 10**13 without the cache", ["generate", "--max-new-tokens", "10000000000000", "--no-cache"],
-     2, ["--max-new-tokens", r"\[1, 100,000\]", "10000000000000"]),
-    ("[cli] max-new-tokens 10**13", ["generate", "--max-new-tokens", "10000000000000"], 2,
-     ["--max-new-tokens", r"\[1, 100,000\]"]),
-    ("[silent] batch-prompts empty", ["generate", "--batch-prompts", ""], 2, ["--batch-prompts", "empty prompt", "''"]),
-    ("[cli] batch-prompts only separators", ["generate", "--batch-prompts", "||"], 2, ["--batch-prompts", r"'\|\|'"]),
-    ("[cli] batch member past the block", ["generate", "--batch-prompts", "春|" + "春" * 20], 2,
-     ["--batch-prompts", "prompt 2", "20 tokens", "at most 15", "block of 16"]),
+     2, "--max-new-tokens"),
+    ("[cli] max-new-tokens 10**13", ["generate", "--max-new-tokens", "10000000000000"], 2, "--max-new-tokens"),
+    ("[silent] batch-prompts empty", ["generate", "--batch-prompts", ""], 2, "--batch-prompts"),
+    ("[cli] batch-prompts only separators", ["generate", "--batch-prompts", "||"], 2, "--batch-prompts"),
+    ("[cli] batch member past the block", ["generate", "--batch-prompts", "春|" + "春" * 20], 2, "--batch-prompts"),
     ("[cli] batch-prompts with --prompt", ["generate", "--prompt", "春", "--batch-prompts", "春|夜"], 2,
-     ["--batch-prompts", "--prompt"]),
-    ("[cli] batch-prompts with --no-cache", ["generate", "--batch-prompts", "春|夜", "--no-cache"], 2,
-     ["--batch-prompts", "--no-cache"]),
-    ("[cli] batch-prompts with --stream", ["generate", "--batch-prompts", "春|夜", "--stream"], 2,
-     ["--batch-prompts", "--stream"]),
-    ("[cli] infinite temperature", ["generate", "--temperature", "inf"], 2, ["temperature", "finite", "inf"]),
-    ("[cli] temperature 1e999", ["generate", "--temperature", "1e999"], 2, ["temperature", "finite", "inf"]),
-    ("[cli] temperature not a number", ["generate", "--temperature", "hot"], 2, ["--temperature", "'hot'"]),
-    ("[cli] top-k negative", ["generate", "--top-k", "-5"], 2, ["--top-k", "[0, 1,000,000]", "-5"]),
-    ("[cli] top-k fractional", ["generate", "--top-k", "2.5"], 2, ["--top-k", "'2.5'"]),
-    ("[cli] top-p NaN", ["generate", "--top-p", "nan"], 2, ["--top-p", "nan"]),
-    ("[cli] top-p 0", ["generate", "--top-p", "0"], 2, ["--top-p", "got 0"]),
-    ("[cli] no-cache prompt past the block", ["generate", "--prompt", "春" * 30, "--no-cache"], 2,
-     ["30 tokens", "at most 15"]),
-    ("[cli] benchmark with no tokens", ["generate", "--benchmark", "--max-new-tokens", "0"], 2,
-     ["--max-new-tokens", r"\[1, 100,000\]", "got 0"]),
-    ("[cli] evaluate negative show", ["evaluate", "--show", "-1"], 2, ["--show", r"\[0, 1,000\]", "-1"]),
-    ("[cli] evaluate poems not a number", ["evaluate", "--poems", "many"], 2, ["--poems", "'many'"]),
-    ("[cli] train seed past 2**64", ["train", "--seed", str(2**64)], 2, ["--seed", str(2**64)]),
-    ("[cli] train NaN lr", ["train", "--lr", "nan"], 2, ["lr", r"\(0, 10\]", "nan"]),
-    ("[cli] train infinite lr", ["train", "--lr", "inf"], 2, ["lr", r"\(0, 10\]", "inf"]),
-    ("[cli] train lr 0", ["train", "--lr", "0"], 2, ["lr", r"\(0, 10\]", "0.0"]),
-    ("[cli] train steps 0", ["train", "--steps", "0"], 2, ["--steps", r"\[1, 1,000,000\]", "got 0"]),
-    ("[cli] train threads 0", ["train", "--threads", "0"], 2, ["--threads", r"\[1, 256\]", "got 0"]),
-    ("[cli] train resume and restart", ["train", "--resume", "--restart"], 2, ["--resume and --restart", "exclude"]),
-    ("[cli] generate unknown flag", ["generate", "--fast"], 2, ["unrecognized arguments", "--fast"]),
+     "--batch-prompts"),
+    ("[cli] batch-prompts with --no-cache", ["generate", "--batch-prompts", "春|夜", "--no-cache"], 2, "--batch-prompts"),
+    ("[cli] batch-prompts with --stream", ["generate", "--batch-prompts", "春|夜", "--stream"], 2, "--batch-prompts"),
+    ("[cli] infinite temperature", ["generate", "--temperature", "inf"], 2, "--temperature"),
+    ("[cli] temperature 1e999", ["generate", "--temperature", "1e999"], 2, "--temperature"),
+    ("[cli] temperature not a number", ["generate", "--temperature", "hot"], 2, "--temperature"),
+    ("[cli] top-k negative", ["generate", "--top-k", "-5"], 2, "--top-k"),
+    ("[cli] top-k fractional", ["generate", "--top-k", "2.5"], 2, "--top-k"),
+    ("[cli] top-p NaN", ["generate", "--top-p", "nan"], 2, "--top-p"),
+    ("[cli] top-p 0", ["generate", "--top-p", "0"], 2, "--top-p"),
+    ("[cli] no-cache prompt past the block", ["generate", "--prompt", "春" * 30, "--no-cache"], 2, "prompt"),
+    ("[cli] benchmark with no tokens", ["generate", "--benchmark", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
+    ("[cli] evaluate negative show", ["evaluate", "--show", "-1"], 2, "--show"),
+    ("[cli] evaluate poems not a number", ["evaluate", "--poems", "many"], 2, "--poems"),
+    ("[cli] train seed past 2**64", ["train", "--seed", str(2**64)], 2, "--seed"),
+    ("[cli] train NaN lr", ["train", "--lr", "nan"], 2, "--lr"),
+    ("[cli] train infinite lr", ["train", "--lr", "inf"], 2, "--lr"),
+    ("[cli] train lr 0", ["train", "--lr", "0"], 2, "--lr"),
+    ("[cli] train steps 0", ["train", "--steps", "0"], 2, "--steps"),
+    ("[cli] train threads 0", ["train", "--threads", "0"], 2, "--threads"),
+    ("[cli] train resume and restart", ["train", "--resume", "--restart"], 2, "--resume"),
+    ("[cli] generate unknown flag", ["generate", "--fast"], 2, "--fast"),
 ]
 
 # Damaged data: status 1 and one line. Each case damages the scratch data folder the CLI loads from.
 DATA_CLI_CASES = [
-    ("[file] CLI: tokenizer bad JSON", tokenizer_text("{oops"), ["tang-char.tokenizer.json", "not valid JSON"]),
-    ("[file] CLI: tokenizer without its table", tokenizer_text('{"kind": "char"}'), ["'itos'", "missing"]),
+    ("[file] CLI: tokenizer bad JSON", tokenizer_text("{oops"), "tang-char.tokenizer.json"),
+    ("[file] CLI: tokenizer without its table", tokenizer_text('{"kind": "char"}'), "tang-char.tokenizer.json"),
     ("[file] CLI: tokenizer of another model", tokenizer_text('{"kind": "bpe", "merges": []}'),
-     ["does not belong to tang-char"]),
+     "tang-char.tokenizer.json"),
     ("[file] CLI: state dict missing a layer", checkpoint_with(model=weights_without("lm_head.weight")),
-     ["do not fit", "missing lm_head.weight"]),
-    ("[file] CLI: config with an unknown key", checkpoint_with(config=config_plus(rope=True)), ["rope"]),
-    ("[file] CLI: manifest sha256 5", manifest_entry({"sha256": 5}), ["MANIFEST.json", "got 5"]),
-    ("[file] CLI: manifest nested", manifest_text("[" * 100000), ["MANIFEST.json", "nested too deeply"]),
-    ("[special] CLI: checkpoint is a FIFO", special("fifo"), ["tang-char.pt", "FIFO"]),
-    ("[special] CLI: checkpoint links to /dev/zero", special("zero"), ["tang-char.pt", "a device"]),
+     "tang-char.pt"),
+    ("[file] CLI: config with an unknown key", checkpoint_with(config=config_plus(rope=True)), "tang-char.pt"),
+    ("[file] CLI: manifest sha256 5", manifest_entry({"sha256": 5}), "MANIFEST.json"),
+    ("[file] CLI: manifest nested", manifest_text("[" * 100000), "MANIFEST.json"),
+    ("[special] CLI: checkpoint is a FIFO", special("fifo"), "tang-char.pt"),
+    ("[special] CLI: checkpoint links to /dev/zero", special("zero"), "tang-char.pt"),
 ]
 
 
-@pytest.mark.parametrize("argv, status, fragments", [pytest.param(a, s, f, id=i) for i, a, s, f in MORE_CLI_CASES])
-def test_cli_rejects_hostile_input_with_one_line(cli_world, capsys, argv, status, fragments):
-    test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, fragments)
+@pytest.mark.parametrize("argv, status, param", [pytest.param(a, s, p, id=i) for i, a, s, p in MORE_CLI_CASES])
+def test_cli_rejects_hostile_input_with_one_line(cli_world, capsys, argv, status, param):
+    test_cli_rejects_bad_input_with_one_line(cli_world, capsys, argv, status, param)
 
 
-@pytest.mark.parametrize("damage, fragments", [pytest.param(d, f, id=i) for i, d, f in DATA_CLI_CASES])
-def test_cli_reports_damaged_data_with_one_line(world, monkeypatch, capsys, damage, fragments):
+@pytest.mark.parametrize("damage, param", [pytest.param(d, p, id=i) for i, d, p in DATA_CLI_CASES])
+def test_cli_reports_damaged_data_with_one_line(world, monkeypatch, capsys, damage, param):
     d = data_with(world, damage)
     monkeypatch.setattr(cli, "_load", lambda name: load_pretrained(name, d))
     with pytest.raises(SystemExit) as info:
@@ -1348,7 +1215,7 @@ def test_cli_reports_damaged_data_with_one_line(world, monkeypatch, capsys, dama
     assert info.value.code == 1, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err and lines[0].startswith("python -m kvlib generate: error:")
-    expect(lines[0], fragments, world)
+    expect(lines[0], param)
 
 
 def test_the_sweep_covers_every_class_with_250_cases():

@@ -1,7 +1,8 @@
 """Hostile inputs, third round, by class: silent conversions, names that lie, masks that are not masks, errors
 that misname the mistake, sizes that would reach the allocator, a device that does not exist, two threads on
-one paged cache. Each case asserts the exception class, that the message names the parameter, and that nothing
-changed; never the wording."""
+one paged cache. Each case asserts the exception class, that the message is one line naming the parameter (one
+name, matched as a whole word and case-sensitively), and that nothing changed; never the wording, so a message can
+be reworded freely."""
 from __future__ import annotations
 
 import shutil
@@ -17,12 +18,14 @@ from kvlib.poems import encode_prompt
 from kvlib.tools import integrity
 from kvlib.tools.integrity import DamagedFileError
 
+from .test_hostile_newer import names
+
 
 def refused(call, exc, param: str) -> str:
     with pytest.raises(exc) as info:
         call()
     message = str(info.value)
-    assert param in message, f"the message does not name {param!r}: {message}"
+    assert names(message, param), f"the message does not name {param!r}: {message}"
     assert "\n" not in message.strip(), "one line"
     return message
 
@@ -74,8 +77,7 @@ def test_verify_cache_names_a_wrong_dtype(shipped_char, ids):
 
 
 def test_a_negative_id_is_named_with_what_is_allowed(tiny_gpt):
-    message = refused(lambda: generate_uncached(tiny_gpt, torch.tensor([[1, -3]]), 2, block_size=16), ValueError, "idx")
-    assert "-3" in message and ">= 0" in message
+    refused(lambda: generate_uncached(tiny_gpt, torch.tensor([[1, -3]]), 2, block_size=16), ValueError, "idx")
 
 
 @pytest.mark.parametrize("tokenizer", [None, "tok", 3])
@@ -186,7 +188,7 @@ def test_the_explorer_shows_a_lone_surrogate_refused_by_name(shipped_char):
     explorer = SliderExplorer(model, tok, "春风")
     explorer.prompt.value = "\ud800"
     assert explorer.update() is None and explorer.view is None
-    assert "prompt" in explorer.poem.value and "surrogate" in explorer.poem.value and not explorer.chart.value
+    assert names(explorer.poem.value, "prompt") and not explorer.chart.value
 
 
 def test_the_speculative_view_shows_a_prompt_too_long_in_place(shipped_char):
@@ -196,4 +198,4 @@ def test_the_speculative_view_shows_a_prompt_too_long_in_place(shipped_char):
 
     model, tok = shipped_char
     view = SpeculativeView(model, tok, {"neural": NeuralDraft(load_pretrained("tang-char-draft")[0])}, prompt="春" * 200)
-    assert "prompt is too long" in view.html() and "None" not in view.html()
+    assert names(view.html(), "prompt") and "None" not in view.html()

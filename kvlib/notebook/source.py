@@ -13,7 +13,7 @@ import html
 import inspect
 
 SUMMARY_STYLE = "cursor:pointer;font-size:16px;color:#1a5fa8"
-CODE_STYLE = "font-size:14px;line-height:1.4;margin:4px 0 8px 0;padding:6px 8px;background:#f6f8fa;overflow-x:auto"
+CODE_STYLE = "font-size:var(--jp-code-font-size, 14px);line-height:1.4;margin:4px 0 8px 0;padding:6px 8px;background:#f6f8fa;overflow-x:auto"
 
 
 def full_name(obj) -> str:

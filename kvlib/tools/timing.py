@@ -112,6 +112,27 @@ def compare(a: Timing, b: Timing, unit: str = "ms", per: int = 1) -> str:
             f"{a.name} ran {b.median / a.median:.2f}x as fast (ratio of medians) and is {verdict(a, b)}")
 
 
+TOO_BUSY = ("the machine was too busy to measure this: {whole} was timed faster than {part}, a part of its own "
+            "work, which no machine can do; close other programs and run the cell again, or read the reference run")
+
+
+def contradicts(part: Timing, whole: Timing) -> bool:
+    """True when ``whole``, work that includes all of ``part``'s, has the lower median: an impossible reading.
+
+    Doing more cannot take less time, so such figures say only that the machine's load moved between the
+    rounds; a notebook prints :data:`TOO_BUSY` then, never a ratio that its prose says cannot happen.
+    """
+    for t in (part, whole):
+        if not isinstance(t, Timing):
+            raise TypeError(f"contradicts compares two Timings, got {type(t).__name__}")
+    return whole.median < part.median
+
+
+def too_busy(part: Timing, whole: Timing) -> str:
+    """The line a notebook prints instead of an impossible figure (see :func:`contradicts`)."""
+    return TOO_BUSY.format(whole=whole.name, part=part.name)
+
+
 @contextmanager
 def threads(n: int):
     """Run the block with ``n`` intra-op threads, restoring the count afterwards."""

@@ -174,3 +174,12 @@ def test_a_clock_that_stands_still_is_refused_instead_of_sizing_a_huge_block(mon
     monkeypatch.setattr(timing_module.time, "perf_counter", lambda: 5.0)
     with pytest.raises(RuntimeError, match="did not advance"):
         interleaved({"x": lambda: None}, 3)
+
+
+def test_a_whole_timed_faster_than_its_part_is_an_impossible_reading():
+    from kvlib.tools.timing import contradicts, too_busy
+    step, token = Timing("one step", (1.0, 1.1, 1.2)), Timing("a token", (0.6, 0.57, 0.7))
+    assert contradicts(step, token) and not contradicts(token, step)
+    assert "too busy" in too_busy(step, token) and "a token" in too_busy(step, token)
+    with pytest.raises(TypeError):
+        contradicts(1.0, step)

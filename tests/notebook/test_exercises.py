@@ -379,6 +379,22 @@ def test_check_sequences_that_fit(capsys):
     assert "still None" in capsys.readouterr().out
 
 
+def test_sequences_that_fit_names_the_one_slip_that_explains_both_answers(capsys):
+    """For Llama 2 7B, taking a KiB as 1,000 bytes and rounding up both give 31: the other model's answer says which."""
+    import math
+    names = ("Llama 2 7B", "Llama 3 8B")
+    left = {n: 80 * 10**9 - memory.SHAPES[n].weight_bytes() for n in names}
+    kib_as_1000 = {n: left[n] // (memory.SHAPES[n].kv_bytes_per_token() // 1024 * 1000 * 4096) for n in names}
+    rounded_up = {n: math.ceil(left[n] / memory.SHAPES[n].kv_cache_bytes(4096)) for n in names}
+    assert kib_as_1000["Llama 2 7B"] == rounded_up["Llama 2 7B"] == 31
+    assert not check_sequences_that_fit(kib_as_1000)
+    out = capsys.readouterr().out.splitlines()
+    assert all("KiB is 1,024 bytes" in line and "round" not in line for line in out), out
+    assert not check_sequences_that_fit(rounded_up)
+    out = capsys.readouterr().out.splitlines()
+    assert all("round down, not up" in line and "KiB" not in line for line in out), out
+
+
 def test_check_token_forwards(capsys):
     assert check_token_forwards(lambda P, N: (N * P + N * (N - 1) // 2, P + N - 1))
     capsys.readouterr()
@@ -534,7 +550,9 @@ def test_bytes_per_token_check_answers_back(capsys):
     assert not check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * b / 8, cfg)
     out = capsys.readouterr().out
     assert "add 4 bytes (a float16 scale and a float16 zero point)" in out
-    assert "2 bits, groups of 16" in out and "Count the values as well" in out  # two slips give that number
+    two = next(line for line in out.splitlines() if line.startswith("✗ 2 bits, groups of 16"))
+    assert "either counting the codes without their scales and zero points" in two  # two slips give that number:
+    assert "or counting the keys without the values" in two                         # one hint names both
     assert not check_bytes_per_token(lambda b, g: cfg.n_layer * 2 * cfg.n_embd * (b / 8 + 2 / g), cfg)
     assert "The zero point is a float16 too" in capsys.readouterr().out
     assert not check_bytes_per_token(lambda b, g: "1,280", cfg)
@@ -542,6 +560,25 @@ def test_bytes_per_token_check_answers_back(capsys):
     assert out.count("✗") == 5 and "8 bits, groups of 16: bytes must be a finite number" in out  # one line a case
     assert not check_bytes_per_token(lambda b, g: None, cfg)
     assert "returned None" in capsys.readouterr().out
+
+
+def test_bytes_per_token_check_gives_one_hint_a_case_even_where_two_slips_give_its_number(capsys):
+    from kvlib import GPTConfig
+    from kvlib.notebook.exercises import check_bytes_per_token
+
+    cfg = GPTConfig(vocab_size=100)
+    numbers = cfg.n_layer * 2 * cfg.n_embd
+    keys_only = lambda b, g: numbers * (b / 8 + 4 / g) / 2  # noqa: E731
+    codes_only = lambda b, g: numbers * b / 8  # noqa: E731
+    for wrong in (keys_only, codes_only):  # at 2 bits in groups of 16 (and 4 in groups of 8) both give one number
+        assert not check_bytes_per_token(wrong, cfg)
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 5 and all(line.startswith("✗") for line in lines)
+        for line in lines:
+            hints = line.split(" bytes a token, got ", 1)[1].split(". ")[1:]  # the sentences after the number
+            assert len(hints) == 1, line
+        both = [line for line in lines if "either" in line]
+        assert [line.split(":")[0] for line in both] == ["✗ 2 bits, groups of 16", "✗ 4 bits, groups of 8"]
 
 
 def test_bytes_per_token_check_takes_the_model_too(char, capsys):

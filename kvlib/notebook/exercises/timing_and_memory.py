@@ -51,13 +51,17 @@ def check_tokens_to_match_weights(tokens, inside_context, model_name: str = "Lla
 def check_sequences_that_fit(answers, gpu_bytes: int = 80 * 10**9, tokens: int = 4096,
                              models=("Llama 2 7B", "Llama 3 8B")) -> bool:
     """``answers``: {model name: how many whole sequences of ``tokens`` tokens fit, with their bf16 cache, in a GPU of
-    ``gpu_bytes`` bytes (80 GB = 80 × 10⁹ bytes) once the bf16 weights are loaded}."""
+    ``gpu_bytes`` bytes (80 GB = 80 × 10⁹ bytes) once the bf16 weights are loaded}.
+
+    A wrong answer gets the hint of the slip that gives it. Where two slips give the same number for one model
+    (a KiB taken as 1,000 bytes, or rounding up), the slip that also explains the other models' answers is named.
+    """
     from ...memory import SHAPES
 
     if not isinstance(answers, dict):
         print(f"✗ expected a dict {{model name: number of sequences}} for {', '.join(models)}, got {brief(answers)}")
         return False
-    passed = True
+    passed, wrong = True, {}
     for name in models:
         shape = SHAPES[name]
         weights, per_sequence = shape.weight_bytes(), shape.kv_cache_bytes(tokens)
@@ -69,25 +73,38 @@ def check_sequences_that_fit(answers, gpu_bytes: int = 80 * 10**9, tokens: int =
         got = as_number(answers[name], f"the answer for {name}")
         if got is None:
             passed = False
-            continue
-        if got == want:
+        elif got == want:
             print(f"✓ {name}: {want} sequences of {tokens:,} tokens ({per_sequence:,} bytes each) in the "
                   f"{gpu_bytes - weights:,} bytes left after the weights")
-            continue
-        passed = False
-        kib_per_token = shape.kv_bytes_per_token() // 1024
-        hints = [((80 * 2**30 - weights) // per_sequence,
-                  f"that is 80 GiB (80 × 2³⁰ = {80 * 2**30:,} bytes); here 80 GB means 80 × 10⁹ bytes, "
-                  "as in the table's GB"),
-                 ((gpu_bytes - weights) / per_sequence, "a sequence fits only whole: round down"),
-                 ((gpu_bytes - weights) // per_sequence + 1, "a sequence fits only whole: round down"),
-                 (gpu_bytes // per_sequence, "the weights take their share of the memory first: subtract them"),
-                 ((gpu_bytes - weights) // (kib_per_token * 1000 * tokens),
-                  f"a KiB is 1,024 bytes: {kib_per_token} KiB per token is {shape.kv_bytes_per_token():,} bytes")]
-        hint = matching_hints(got, hints, lambda g, value: abs(g - value) < 1e-6)  # every slip that gives this number
-        print(f"✗ {name}: expected {want} sequences, got {got:g}" + (hint or
-              f" ({gpu_bytes:,} bytes, minus {weights:,} of weights, over {per_sequence:,} bytes per sequence)"))
+        else:
+            passed = False
+            wrong[name] = (got, want, _slips(shape, gpu_bytes, tokens))
+    # the slips that give every wrong answer: one mistake made on both models is named alone
+    def matching(got, slips):  # which slips (by their place in the list) give this answer
+        return {i for i, (value, _) in enumerate(slips) if abs(got - value) < 1e-6}
+    everywhere = set.intersection(*(matching(got, slips) for got, _, slips in wrong.values())) if wrong else set()
+    for name, (got, want, slips) in wrong.items():
+        shape = SHAPES[name]
+        fits = sorted(matching(got, slips) & everywhere or matching(got, slips))
+        fits = [slips[i][1] for i in fits]
+        print(f"✗ {name}: expected {want} sequences, got {got:g}" + (sentences(dict.fromkeys(fits)) or
+              f" ({gpu_bytes:,} bytes, minus {shape.weight_bytes():,} of weights, over "
+              f"{shape.kv_cache_bytes(tokens):,} bytes per sequence)"))
     return passed
+
+
+def _slips(shape, gpu_bytes: int, tokens: int) -> list[tuple[float, str]]:
+    """(the answer a slip gives, its hint) for the usual slips of exercise 2."""
+    weights, per_sequence = shape.weight_bytes(), shape.kv_cache_bytes(tokens)
+    kib_per_token = shape.kv_bytes_per_token() // 1024
+    left = gpu_bytes - weights
+    return [((80 * 2**30 - weights) // per_sequence,
+             f"that is 80 GiB (80 × 2³⁰ = {80 * 2**30:,} bytes); here 80 GB means 80 × 10⁹ bytes, as in the table's GB"),
+            (left / per_sequence, "a sequence fits only whole: round down"),
+            (left // per_sequence + 1, "a sequence fits only whole: round down, not up"),
+            (gpu_bytes // per_sequence, "the weights take their share of the memory first: subtract them"),
+            (left // (kib_per_token * 1000 * tokens),
+             f"a KiB is 1,024 bytes, not 1,000: {kib_per_token} KiB per token is {shape.kv_bytes_per_token():,} bytes")]
 
 
 @stops_at_placeholder

@@ -373,6 +373,16 @@ STEP_NAMES = {"single_row": "one row, fast step", "static": "static batch, fast 
 
 
 def format_report(report: dict) -> str:
+    """The whole report: :func:`format_summary`, then :func:`format_details`."""
+    return format_summary(report) + "\n" + format_details(report)
+
+
+NAMES = {"one_at_a_time": "one at a time (single stream)", "continuous_block_8": f"continuous, blocks of {SMALL_BLOCK}"}
+
+
+def format_summary(report: dict) -> str:
+    """What the lesson reads: the ways side by side, whether they wrote the same tokens, the verdicts, the
+    targets, and the bounds that the requests' lengths set (printed as bounds, never as goals missed)."""
     t, st = report["trace"], report["settings"]
     lines = [f"{t['requests']} requests arriving at {t['rate_per_s']:g}/s (seed {t['seed']}), "
              f"{t['mean_final_length']:.1f} tokens each on average (prompt and answer); KV memory "
@@ -380,14 +390,11 @@ def format_report(report: dict) -> str:
              f"of {st['kv_block_size']}; every way decodes with the fast step; "
              + ("each way run once" if st["repeats"] == 1 else f"medians of {st['repeats']} runs, taking turns"),
              f"{describe_machine(report['machine'])}; timed on {report['machine']['threads']} thread(s)",
-             f"{'':36} {'tokens/s':>9} {'(spread)':>11} {'passes':>7} {'latency mean':>13} {'TTFT mean':>10} "
-             f"{'KV share':>9} {'preempt':>8}"]
-    names = {"one_at_a_time": "one at a time (single stream)", "continuous_block_8": f"continuous, blocks of {SMALL_BLOCK}"}
+             f"{'':36} {'tokens/s':>9} {'(spread)':>11} {'passes':>7} {'TTFT mean':>10} {'KV share':>9} {'preempt':>8}"]
     for key, r in report["runs"].items():
         spread = f"{r['tokens_per_s_low']:.0f}-{r['tokens_per_s_high']:.0f}"
-        lines.append(f"{names.get(key, r['name']):36} {r['tokens_per_s']:9.0f} {spread:>11} {r['forward_passes']:7d} "
-                     f"{r['mean_latency_s']:12.3f}s {r['mean_ttft_s']:9.3f}s "
-                     f"{100 * r['memory_share']:8.1f}% {r['preemptions']:8d}")
+        lines.append(f"{NAMES.get(key, r['name']):36} {r['tokens_per_s']:9.0f} {spread:>11} {r['forward_passes']:7d} "
+                     f"{r['mean_ttft_s']:9.3f}s {100 * r['memory_share']:8.1f}% {r['preemptions']:8d}")
     lines.append(f"same tokens in every run: {report['same_tokens']}{near_tie_note(report['near_ties'])}")
     for k, v in report["verdicts"].items():
         lines.append(f"continuous batching against {k.removeprefix('continuous_vs_').replace('_', ' ')}: {v} "
@@ -400,15 +407,34 @@ def format_report(report: dict) -> str:
                  f"({pace['shortest_run'].replace('_', ' ')}, {pace['shortest_makespan_s']:.2f} s): "
                  + ("requests queued, so tokens/s measure the server" if pace["server_bound"] else
                     "the arrivals, not only the server, set the pace; raise the rate to measure the server"))
-    lines.append("where each way's time went (its median run): prefill passes, their share of the run's time, and "
-                 "the decode passes' pace")
+    targets = {k: v for k, v in report["targets"].items() if not v["bound"]}
+    bounds = {k: v for k, v in report["targets"].items() if v["bound"]}
+    lines.append("targets (this machine's measurement):")
+    for k, v in targets.items():
+        lines.append(f"  {k:42} {v['measured']:7.3f}  target {v['kind']} {v['target']:.2f}  "
+                     f"{'met' if v['met'] else 'not met'}")
+    expected = report["memory_share_from_lengths"]
+    lines.append("bounds (what these requests' lengths allow any schedule without preemption, each request's last block "
+                 "partly empty; not goals): " + ", ".join(f"KV share {100 * v:.1f}% at blocks of {b}"
+                                                          for b, v in expected.items()))
+    for k, v in bounds.items():
+        lines.append(f"  {k:42} {v['measured']:7.3f}  of at most {v['target']:.3f} (a goal of {TARGETS[k]:.2f} "
+                     f"cannot be reached on these lengths)")
+    return "\n".join(lines)
+
+
+def format_details(report: dict) -> str:
+    """Where each way's time went (prefills against decode passes, and the decode pace split into what
+    scheduling buys and what a row costs) and the decode step timed alone, beside its FLOPs and floor."""
+    lines = ["where each way's time went (its median run): prefill passes, their share of the run's time, and "
+             "the decode passes' pace"]
     for key, r in report["runs"].items():
-        lines.append(f"  {names.get(key, r['name']):34} {r['prefill_passes']:3d} prefills {100 * r['prefill_share']:4.0f}% "
+        lines.append(f"  {NAMES.get(key, r['name']):34} {r['prefill_passes']:3d} prefills {100 * r['prefill_share']:4.0f}% "
                      f"of the time; decode passes {r['decode_tokens_per_pass']:5.1f} tokens each, "
                      f"{r['decode_tokens_per_s']:6.0f} tokens/s")
     ps = report["passes"]
     lines.append(f"  continuous batching's decode passes alone: {ps['decode_vs_one_at_a_time']:.2f}x one at a time's, "
-                 f"{ps['decode_vs_static']:.2f}x static's; the whole-run ratios below also carry each way's prefills "
+                 f"{ps['decode_vs_static']:.2f}x static's; the whole-run ratios (tokens/s) also carry each way's prefills "
                  f"(continuous batching's include {ps['recomputed_tokens']} tokens recomputed after preemptions)")
     cont = report["runs"]["continuous"]
     for key, f in ps["factors"].items():
@@ -418,9 +444,6 @@ def format_report(report: dict) -> str:
                      f"{100 * r['decode_busy_share']:.0f}%) x {f['row_cost']:.2f} (a row costs {r['decode_row_us']:.0f} µs "
                      f"in passes of {r['decode_rows_per_pass']:.1f} rows, {cont['decode_row_us']:.0f} µs in passes of "
                      f"{cont['decode_rows_per_pass']:.1f})")
-    expected = report["memory_share_from_lengths"]
-    lines.append("KV share any schedule on the paged cache gets on these lengths without preemption (each request's last block "
-                 "partly empty): " + ", ".join(f"{100 * v:.1f}% at blocks of {b}" for b, v in expected.items()))
     d = report["decode_step"]
     lines.append(f"one decode step at about {d['context']} cached tokens a row, medians of {d['rounds']} interleaved "
                  f"rounds; floor = FLOPs at this machine's peak matmul speed ({d['peak_matmul_gflops']:.0f} GFLOP/s); "
@@ -443,9 +466,4 @@ def format_report(report: dict) -> str:
     lines.append(f"  so even if nothing else cost more for {p['rows']} rows than for one, a batch step would cost "
                  f"{p['lowest_batch_vs_single_row']:.1f}x the single-row step with this machine's matrix library; "
                  + rest)
-    lines.append("targets (this machine's measurement):")
-    for k, v in report["targets"].items():
-        goal = (f"bound {v['target']:.3f} (all the lengths allow: the goal {TARGETS[k]:.2f} cannot be reached)"
-                if v["bound"] else f"target {v['kind']} {v['target']:.2f}")
-        lines.append(f"  {k:42} {v['measured']:7.3f}  {goal}  {'met' if v['met'] else 'not met'}")
     return "\n".join(lines)

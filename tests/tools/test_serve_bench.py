@@ -7,7 +7,8 @@ import torch
 
 from kvlib.tools.timing import VERDICTS
 from kvlib.tools import cli
-from kvlib.tools.serve_bench import TARGETS, decode_steps, format_report, run_serve_bench, step_flops
+from kvlib.tools.serve_bench import (TARGETS, decode_steps, format_details, format_report, format_summary,
+                                     run_serve_bench, step_flops)
 
 POEMS = ["床前明月光，疑是地上霜。举头望明月，低头思故乡。",
          "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。",
@@ -50,6 +51,20 @@ def test_the_printed_report_names_the_targets(report):
     assert "weight products alone" in text and "matrix library" in text
     assert all(k in text for k in TARGETS) and "this machine's measurement" in text
     assert "machine: " in text and "timed on 1 thread(s)" in text
+
+
+def test_a_bound_is_printed_as_a_bound_never_as_a_goal_missed(report):
+    """The KV share at blocks of 16 cannot pass what the lengths allow: the summary says so, under bounds."""
+    r = copy.deepcopy(report)
+    share = r["targets"]["paged_memory_share"]
+    share.update(bound=True, target=0.838, measured=0.838, met=True)
+    text = format_summary(r)
+    targets, bounds = text.split("\nbounds (", 1)
+    assert "paged_memory_share " not in targets and "paged_memory_share" in bounds
+    line = next(x for x in bounds.splitlines() if "paged_memory_share" in x)
+    assert "not met" not in line and " met" not in line and "cannot be reached" in line
+    assert format_report(r) == text + "\n" + format_details(r)
+    assert "where each way's time went" not in text  # the details are apart
 
 
 def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):

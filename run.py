@@ -90,8 +90,39 @@ def notebooks(args: list[str]) -> None:
 
 
 def restore(args: list[str]) -> None:
-    """The committed notebooks back (Run All and autosave rewrite their outputs)."""
+    """The committed notebooks back (Run All and autosave rewrite their outputs).
+
+    Not while a Jupyter server runs on this folder: its next autosave would write the old notebook back
+    over the restored one ("File Changed"). ``--force`` restores anyway."""
+    running = [] if "--force" in args else jupyter_servers_here()
+    if running:
+        sys.exit("JupyterLab is running on this folder (" + ", ".join(running) + "): its next autosave would write "
+                 "the notebooks back. Stop it first (Ctrl+C twice in its terminal, or File > Shut Down), then run "
+                 "python run.py restore again; or use python run.py restore --force and reload each open notebook "
+                 "from disk (File > Reload Notebook from Disk) before saving anything.")
     run("git", "checkout", "--", "notebooks/")
+
+
+def jupyter_servers_here(runtime_dir: Path | None = None) -> list[str]:
+    """The Jupyter servers still running whose root folder is this checkout or inside it, as "pid N, URL"."""
+    if runtime_dir is None:
+        if not venv_python().exists():
+            return []
+        found = subprocess.run([str(venv_python()), "-m", "jupyter", "--runtime-dir"], capture_output=True, text=True)
+        if found.returncode:
+            return []
+        runtime_dir = Path(found.stdout.strip())
+    servers = []
+    for info_file in sorted(Path(runtime_dir).glob("jpserver-*.json")):
+        try:
+            info = json.loads(info_file.read_text(encoding="utf-8"))
+            root = Path(info["root_dir"]).resolve()
+            os.kill(int(info["pid"]), 0)  # raises if that process is gone (a file left by a crash)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if root == ROOT or ROOT in root.parents:
+            servers.append(f"pid {info['pid']}, {info.get('url', '')}".rstrip(", "))
+    return servers
 
 
 def wheel(args: list[str]) -> None:

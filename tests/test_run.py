@@ -119,3 +119,28 @@ def test_make_targets_are_run_py_commands():
     targets = re.search(r"^lab test .*:$", make, re.M).group(0).rstrip(":").split()
     run = (ROOT / "run.py").read_text(encoding="utf-8")
     assert all(f'"{t}":' in run for t in targets), "every make target must be a run.py command"
+
+
+def load_run_py():
+    spec = importlib.util.spec_from_file_location("run_py", ROOT / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_restore_refuses_while_jupyter_runs_on_this_folder(tmp_path, monkeypatch, capsys):
+    """Restoring under a running JupyterLab loses the restore at its next autosave ("File Changed")."""
+    run_py_module = load_run_py()
+    server = {"pid": __import__("os").getpid(), "root_dir": str(ROOT / "notebooks"), "url": "http://localhost:8888/"}
+    (tmp_path / "jpserver-1.json").write_text(json.dumps(server))
+    (tmp_path / "jpserver-2.json").write_text(json.dumps(server | {"root_dir": str(tmp_path)}))  # another folder
+    (tmp_path / "jpserver-3.json").write_text(json.dumps(server | {"pid": 2**22 + 12345}))      # a crashed server
+    assert run_py_module.jupyter_servers_here(tmp_path) == [f"pid {server['pid']}, http://localhost:8888/"]
+    monkeypatch.setattr(run_py_module, "jupyter_servers_here", lambda: ["pid 1, http://localhost:8888/"])
+    calls = []
+    monkeypatch.setattr(run_py_module, "run", lambda *command: calls.append(command))
+    with pytest.raises(SystemExit, match="JupyterLab is running on this folder"):
+        run_py_module.restore([])
+    assert calls == []
+    run_py_module.restore(["--force"])
+    assert calls == [("git", "checkout", "--", "notebooks/")]

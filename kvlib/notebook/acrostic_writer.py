@@ -10,6 +10,7 @@ from ..checks import check_choice
 from ..tokenizer import UnknownCharacterError, check_pair
 from ..constraints import acrostic, poem_lines
 from . import plots
+from .english import english_html
 from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_column,
                    message_html, require_str, show_refusals, slider, unknown_message)
 
@@ -35,7 +36,8 @@ class AcrosticView:
             return message_html(self.message)
         rows = [f'<span style="color:{plots.HIGHLIGHT_COLOR};font-weight:bold">{html.escape(line[:1])}</span>'
                 f"{html.escape(line[1:] + mark)}" for line, mark in poem_lines(self.poem)]
-        return '<div style="font-size:22px;line-height:1.6;overflow-wrap:anywhere">' + "<br>".join(rows) + "</div>"
+        return ('<div style="font-size:22px;line-height:1.6;overflow-wrap:anywhere">' + "<br>".join(rows) + "</div>"
+                + english_html(self.poem))
 
 
 def acrostic_view(model, tokenizer, heads: str, chars_per_line: int = 7, temperature: float = 0.8,

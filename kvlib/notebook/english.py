@@ -7,6 +7,8 @@ never the English of a text that is not there.
 """
 from __future__ import annotations
 
+import html
+
 from ..checks import check_text
 
 NO_ENGLISH = "(no English is stored for this text: this machine wrote another text than the one translated here)"
@@ -246,12 +248,21 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "fragrant pollia. / The spring wind sees a guest off when the moon is bright; dancing sleeves comb "
         "lightly before the shining mirror stand. / Nothing to do, I sleep idly as the night grows deep; a "
         "guttering lamp, white jade, once... (cut off)",
+    "春风送客去，江树送君归。江海多佳赏，江云不可期。\n南国有时逢，春风生":
+        "The spring wind sees a guest off; the river trees send you home. Rivers and seas hold many fine "
+        "sights; the river clouds cannot be counted on. / (the next poem) In the southern lands we meet at "
+        "times; the spring wind rises... (cut off)",
 }
 
 
 def english(text: str) -> str:
     """The stored translation of ``text``, or :data:`NO_ENGLISH` when none is stored for exactly it."""
     return TRANSLATIONS.get(check_text(text), NO_ENGLISH)
+
+
+def english_html(text: str) -> str:
+    """The English line a widget shows under a poem: ``→`` and :func:`english`'s answer, HTML-escaped."""
+    return f"<p style='color:#444;margin:4px 0;overflow-wrap:anywhere'>→ {html.escape(english(text))}</p>"
 
 
 def glossed(chars) -> str:

@@ -19,6 +19,7 @@ from ..decoding import generate
 from ..sampling import probabilities
 from ..poems import encode_prompt, no_unk, unk_ids
 from . import plots  # noqa: F401  registers the font the bars use
+from .english import english_html
 from .show import (FONT, LiveWidget, bars_html, check_setting, control_style, display, error_message, frame,
                    in_column, message_html, require_str, row, show_refusals, slider, too_long_message, unknown_message)
 
@@ -142,10 +143,10 @@ def explore(model, tokenizer, prompt: str = "", temperature: float = 1.0, top_k:
 
 
 def poem_html(prompt: str, poem: str) -> str:
-    """The prompt in bold, then the poem, a new line wherever a poem ends."""
+    """The prompt in bold, then the poem, a new line wherever a poem ends; its English under it."""
     body = html.escape(poem).replace("\n", f'<span style="color:#999"> {SEPARATOR_LABEL}</span><br>')
     return (f'<div style="font-size:20px;line-height:1.6;overflow-wrap:anywhere"><b>{html.escape(prompt)}</b>'
-            f'{body}</div>')
+            f'{body}</div>' + english_html(prompt + poem))
 
 
 class SliderExplorer:

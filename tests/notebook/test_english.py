@@ -38,3 +38,19 @@ def test_english_refuses_what_is_not_text(bad):
 def test_glossed_refuses_what_is_not_characters(bad, message):
     with pytest.raises((TypeError, ValueError), match=message):
         glossed(bad)
+
+
+def test_the_widgets_poems_carry_their_english_or_say_none_is_stored():
+    """Notebooks 2 and 3's widgets show a poem's English under it, as every printed poem does."""
+    import html as html_module
+
+    from kvlib.notebook.acrostic_writer import AcrosticView
+    from kvlib.notebook.english import NO_ENGLISH, TRANSLATIONS
+    from kvlib.notebook.sampling_explorer import poem_html
+
+    start = "春风送客去，江树送君归。江海多佳赏，江云不可期。\n南国有时逢，春风生"
+    assert html_module.escape(TRANSLATIONS[start]) in poem_html("春风", start[2:])
+    assert html_module.escape(NO_ENGLISH) in poem_html("春风", "吹白日")
+    poem = "春色春色春如柳，眠花暮艳春如雾。不胜东山有人隔，觉宜西风相送客。"
+    view = AcrosticView(heads="春眠不觉", chars_per_line=7, poem=poem)
+    assert "→ " + html_module.escape(TRANSLATIONS[poem]) in view.html()

@@ -1,12 +1,13 @@
-"""Serving many users: requests over time, a continuous-batching engine on the paged cache, and baselines.
+"""Serving many users: requests over time and a continuous-batching engine on the paged cache.
 
-Reading order: ``Request`` (who asks what, when; ``kvlib.tools.traces`` draws them from the corpus) -> ``Clock`` (time that skips
-idle waits; ``StepClock`` counts steps instead) -> ``Engine`` (the scheduler: admit, decode everyone in one forward, retire, preempt)
--> ``run_continuous``, ``run_one_at_a_time`` and ``run_static_batching`` (the same trace three
-ways, each returning a :class:`RunResult`). Parallel sampling on the same cache is :func:`kvlib.paged.parallel_sample`.
+Reading order: ``Request`` (who asks what, when, and how to choose its tokens; ``kvlib.tools.traces`` draws them
+from the corpus) -> ``Clock`` (time that skips idle waits; ``StepClock`` counts steps instead) -> ``Engine`` (the
+scheduler: admit, decode everyone in one forward, retire, preempt, abort). ``kvlib.tools.serving_runs`` serves one
+trace three ways with it and its baselines; ``kvlib.tools.server`` puts it behind HTTP. Parallel sampling on the
+same cache is :func:`kvlib.paged.parallel_sample`.
 
-Every request here is greedy and writes exactly its ``max_new_tokens`` (the answer length taken from
-a real poem), so the three ways do the same work and must write the same tokens.
+A request is greedy unless it says otherwise: then it writes exactly the tokens ``generate`` writes. A sampled
+request draws from its own generator, seeded by its ``seed``, so its tokens do not depend on who else is served.
 """
 from __future__ import annotations
 
@@ -17,28 +18,43 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .checks import check_bool, check_choice, check_id_list, check_int, check_list, check_model, check_real
+from .checks import (check_banned, check_bool, check_choice, check_id_list, check_int, check_list, check_model,
+                     check_real, check_seed)
 from .guards import all_or_nothing, one_thread_at_a_time
-from .decoding import DECODERS, generate, pad_prompts
+from .decoding import DECODERS
 from .model import GPT
 from .weights import check_weights
 from .paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from .sampling import first_maximum
+from .sampling import Sampling, ban, first_maximum, sample_next, token_mask
 
 
 @dataclass
 class Request:
-    """One user's request; checked when made (ids, lengths, time), and by ``Engine.add`` against the model."""
+    """One user's request; checked when made (ids, lengths, time, sampling), and by ``Engine.add`` against the model."""
     id: int
     prompt: list[int]       # token ids, the poem separator first
-    max_new_tokens: int     # the answer length: the request is done after this many tokens
+    max_new_tokens: int     # the answer's length at most: the request is done after this many tokens
     arrival: float = 0.0    # seconds after the start of the trace
+    sampling: Sampling = Sampling(0.0)  # how its tokens are chosen: greedy unless told otherwise
+    seed: int = 0           # its own generator's seed (a sampled request's draws depend on nothing else)
+    stop_token_ids: tuple[int, ...] = ()  # a token that ends the request (kept as its last token)
+    banned: tuple[int, ...] = ()          # tokens it never writes
+    logprobs: int = 0       # keep the model's log-probabilities (before temperature) of this many top tokens a step
 
     def __post_init__(self):
         self.id = check_int("id", self.id, 0)
         self.prompt = check_id_list("prompt", self.prompt)
         self.max_new_tokens = check_int("max_new_tokens", self.max_new_tokens, 1)
         self.arrival = check_real("arrival", self.arrival, 0, allowed="a finite number of seconds >= 0")
+        if not isinstance(self.sampling, Sampling):
+            raise TypeError(f"sampling must be a kvlib.sampling.Sampling, got {type(self.sampling).__name__}")
+        self.seed = check_seed(self.seed)
+        self.stop_token_ids = tuple(check_id_list("stop_token_ids", list(self.stop_token_ids), min_len=0))
+        self.banned = tuple(check_id_list("banned", list(self.banned), min_len=0))
+        self.logprobs = check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+
+
+MAX_LOGPROBS = 20  # as OpenAI's API: the top 20 at most
 
 
 class Clock:
@@ -76,13 +92,29 @@ class StepClock:
 
 @dataclass
 class RequestState:
-    """A request inside the engine: its tokens so far and what happened to it."""
+    """A request inside the engine: its tokens so far, how they are chosen, and what happened to it."""
     request: Request
     output: list[int] = field(default_factory=list)
-    state: str = "waiting"           # waiting -> running -> finished; running -> waiting when preempted
+    state: str = "waiting"           # waiting -> running -> finished (or aborted); running -> waiting when preempted
     first_token: float | None = None
     finish: float | None = None
     preemptions: int = 0
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per new token: the top ``request.logprobs``
+    generator: torch.Generator = field(init=False)
+    banned: torch.Tensor | None = field(init=False)   # (V,) mask, None when nothing is banned
+
+    def __post_init__(self):
+        self.generator = torch.Generator().manual_seed(self.request.seed)
+        self.banned = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop" (a stop token), "length" (max_new_tokens), "abort", or None while it runs."""
+        if self.state == "aborted":
+            return "abort"
+        if self.output and self.output[-1] in self.request.stop_token_ids:
+            return "stop"
+        return "length" if len(self.output) >= self.request.max_new_tokens else None
 
     @property
     def id(self) -> int:
@@ -98,7 +130,19 @@ class RequestState:
 
     @property
     def done(self) -> bool:
-        return len(self.output) >= self.request.max_new_tokens
+        return self.finish_reason is not None
+
+    def choose(self, logits: torch.Tensor, greedy_token: int) -> int:
+        """This request's next token from its row of logits (1, V): the batch's argmax when it is greedy and bans
+        nothing, else a draw with its own settings and generator; the model's top log-probabilities kept if asked."""
+        if self.banned is not None:
+            logits = ban(logits, self.banned)
+        if self.request.logprobs:
+            top = logits.float().log_softmax(-1)[0].topk(self.request.logprobs)
+            self.logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist())))
+        if self.request.sampling.greedy and self.banned is None:
+            return greedy_token
+        return int(sample_next(logits, *self.request.sampling, generator=self.generator))
 
 
 @dataclass
@@ -173,7 +217,27 @@ class Engine:
         check_fits(self.model.config, request, f"request {request.id}")
         if any(s.id == request.id for s in (*self.waiting, *self.running, *self.finished)):
             raise ValueError(f"request id {request.id} is already in this engine; ids must be unique")
-        self.waiting.append(RequestState(replace(request, prompt=list(request.prompt))))
+        seq = RequestState(replace(request, prompt=list(request.prompt)))
+        if request.banned:
+            V = self.model.config.vocab_size
+            seq.banned = token_mask(check_banned(list(request.banned), V), V)
+        self.waiting.append(seq)
+
+    @one_thread_at_a_time
+    def abort(self, request_id: int) -> bool:
+        """Stop request ``request_id`` now: it leaves the queue or the batch and its blocks go back to the pool.
+        False if it is not waiting or running (finished, aborted before, or never added)."""
+        seq = next((s for s in (*self.waiting, *self.running) if s.id == request_id), None)
+        if seq is None:
+            return False
+        if seq in self.running:
+            self.running.remove(seq)
+            self.release(seq.id)
+        else:
+            self.waiting.remove(seq)
+        seq.state, seq.finish = "aborted", self.clock.now()
+        self.finished.append(seq)
+        return True
 
     @property
     def has_work(self) -> bool:
@@ -245,7 +309,7 @@ class Engine:
         return preempted
 
     def postprocess(self, batch: "Scheduled", logits: torch.Tensor) -> StepRecord:
-        """Each row's greedy token appended; finished sequences retired, their blocks back in the pool."""
+        """Each row's token chosen and appended; finished sequences retired, their blocks back in the pool."""
         if batch.kind == "prefill":
             for seq in batch.admitted:
                 seq.state = "running"
@@ -254,8 +318,8 @@ class Engine:
         # its rows on the step that finishes them).
         used, stored = self.cache.used_blocks() * self.cache.kv_block_size, self.cache.stored_tokens()
         now = self.clock.now()
-        for seq, token in zip(batch.seqs, first_maximum(logits).tolist()):
-            seq.output.append(token)
+        for row, (seq, greedy) in enumerate(zip(batch.seqs, first_maximum(logits).tolist())):
+            seq.output.append(seq.choose(logits[row: row + 1], greedy))
             if seq.first_token is None:
                 seq.first_token = now
             if seq.done:
@@ -290,16 +354,17 @@ class Engine:
     def rollback_point(self):
         """What a step changes, put back if it raises (a refusal, an interrupt): every request's state and
         output, the queues, the history, and the cache (its own transaction)."""
-        before = [(s, s.state, s.preemptions, len(s.output), s.first_token, s.finish)
-                  for s in (*self.waiting, *self.running)]
+        before = [(s, s.state, s.preemptions, len(s.output), len(s.logprobs), s.generator.get_state(), s.first_token,
+                   s.finish) for s in (*self.waiting, *self.running)]
         queues = (deque(self.waiting), list(self.running), len(self.finished), len(self.history), self.released)
         try:
             with self.cache.transaction():
                 yield
         except BaseException:
-            for seq, state, preemptions, n_out, first, finish in before:
+            for seq, state, preemptions, n_out, n_logprobs, drawn, first, finish in before:
                 seq.state, seq.preemptions, seq.first_token, seq.finish = state, preemptions, first, finish
-                del seq.output[n_out:]
+                del seq.output[n_out:], seq.logprobs[n_logprobs:]
+                seq.generator.set_state(drawn)
             self.waiting, self.running, n_finished, n_history, self.released = queues
             del self.finished[n_finished:], self.history[n_history:]
             raise
@@ -314,50 +379,6 @@ class Scheduled:
     admitted: list[RequestState] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     retired: list[int] = field(default_factory=list)   # filled in by postprocess
-
-
-@dataclass
-class RunResult:
-    """One way of serving a trace: every request's tokens and times, and what the KV memory held."""
-    name: str
-    tokens: dict[int, list[int]]
-    arrival: dict[int, float]
-    first_token: dict[int, float]
-    finish: dict[int, float]
-    used_positions: int = 0     # summed over decode steps: positions reserved for running requests
-    real_tokens: int = 0        # of which held a token
-    computed_tokens: int = 0    # tokens that went through the model (prefill and decode)
-    prefill_tokens: int = 0     # of which in prefills (prompts, and recomputation after preemption)
-    prefix_hit_tokens: int = 0  # prompt tokens found in the pool instead of computed
-    preemptions: int = 0
-    steps: int = 0              # forward passes
-    prefill_passes: int = 0     # of which prefills
-    prefill_seconds: float = 0.0  # wall time of the prefill passes (with the work around each)
-    decode_seconds: float = 0.0   # and of the decode passes
-    decode_tokens: int = 0      # tokens the decode passes wrote that a request kept
-    decode_rows: int = 0        # rows the decode passes computed: kept tokens, and a static batch's finished rows
-
-    @property
-    def generated(self) -> int:
-        return sum(len(t) for t in self.tokens.values())
-
-    @property
-    def makespan(self) -> float:
-        return max(self.finish.values())
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated / self.makespan
-
-    @property
-    def memory_share(self) -> float:
-        return self.real_tokens / self.used_positions if self.used_positions else 0.0
-
-    def latencies(self) -> list[float]:
-        return [self.finish[i] - self.arrival[i] for i in sorted(self.finish)]
-
-    def ttfts(self) -> list[float]:
-        return [self.first_token[i] - self.arrival[i] for i in sorted(self.first_token)]
 
 
 def check_requests(requests) -> list[Request]:
@@ -381,116 +402,3 @@ def check_fits(config, request: Request, what: str) -> None:
     if max(request.prompt) >= config.vocab_size:
         raise ValueError(f"{what}: prompt holds token id {max(request.prompt)}; allowed are ids "
                          f"in [0, {config.vocab_size})")
-
-
-def _result(name: str, requests: list[Request]) -> RunResult:
-    return RunResult(name, {}, {r.id: r.arrival for r in requests}, {}, {})
-
-
-def run_continuous(model: GPT, requests: list[Request], num_blocks: int, *, on_step=None,
-                   **engine_options) -> RunResult:
-    """Serve the trace with the :class:`Engine`; ``on_step(engine, record)`` after every step."""
-    requests = check_requests(requests)
-    if on_step is not None and not callable(on_step):
-        raise TypeError(f"on_step must be None or a function (engine, record), got {type(on_step).__name__}")
-    engine = Engine(model, num_blocks, **engine_options)
-    for r in sorted(requests, key=lambda r: r.arrival):
-        engine.add(r)
-    while engine.has_work:
-        record = engine.step()
-        if on_step is not None:
-            on_step(engine, record)
-    out = _result("continuous batching, paged cache", requests)
-    for s in engine.finished:
-        out.tokens[s.id], out.first_token[s.id], out.finish[s.id] = s.output, s.first_token, s.finish
-        out.preemptions += s.preemptions
-    out.prefix_hit_tokens = engine.cache.prefix_hit_tokens
-    before = 0.0  # the engine's clock when the pass began: the end of the one before
-    for rec in engine.history:
-        out.computed_tokens += rec.computed_tokens
-        if rec.kind == "prefill":
-            out.prefill_tokens += rec.computed_tokens
-            out.prefill_passes += 1
-            out.prefill_seconds += rec.time - before
-        if rec.kind == "decode":
-            out.used_positions += rec.used_positions
-            out.real_tokens += rec.real_tokens
-            out.decode_tokens += rec.computed_tokens  # one a running sequence, each kept
-            out.decode_rows += rec.computed_tokens
-            out.decode_seconds += rec.time - before
-        before = rec.time
-    out.steps = sum(rec.kind != "idle" for rec in engine.history)
-    return out
-
-
-def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, decoder: str) -> None:
-    """One fixed batch through ``generate``: a static cache, the fast decode step or the teaching model's.
-
-    ``generate`` reserves ``block_size`` positions for every row, and the batch runs until its
-    longest answer is written: shorter rows keep their rows (and compute) until then.
-    """
-    block = model.config.block_size
-    idx, mask = pad_prompts([r.prompt for r in batch])
-    longest = max(r.max_new_tokens for r in batch)
-    start = clock.now()
-
-    def on_token(step, new):
-        now = clock.now()
-        if step == 0:  # the prefill's token: the pass that chose it has ended
-            out.prefill_seconds += now - start
-            for r in batch:
-                out.first_token[r.id] = now
-        out.used_positions += len(batch) * block
-        out.real_tokens += sum(len(r.prompt) + min(step + 1, r.max_new_tokens) for r in batch)
-
-    result = generate(model, idx, longest, temperature=0.0, key_mask=None if len(batch) == 1 else mask,
-                      decoder=decoder, on_token=on_token)
-    now = clock.now()
-    for b, r in enumerate(batch):
-        out.tokens[r.id] = result.new_tokens[b, :r.max_new_tokens].tolist()
-        out.finish[r.id] = now
-    out.decode_seconds += now - out.first_token[batch[0].id]
-    out.computed_tokens += idx.numel() + len(batch) * (longest - 1)
-    out.prefill_tokens += idx.numel()
-    out.decode_tokens += sum(r.max_new_tokens - 1 for r in batch)
-    out.decode_rows += len(batch) * (longest - 1)
-    out.steps += longest
-    out.prefill_passes += 1
-
-
-def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast") -> RunResult:
-    """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests, as
-    many as fit the block together (padded to the longest prompt, run until the longest answer).
-
-    ``decoder`` as in ``generate``: "fast" (the lean step, as the engine's decode) or "model".
-    """
-    check_model(model)
-    requests = check_requests(requests)
-    for i, r in enumerate(requests):
-        check_fits(model.config, r, f"requests[{i}] (id {r.id})")
-    batch_size = check_int("batch_size", batch_size, 1)
-    check_choice("decoder", decoder, tuple(DECODERS))
-    clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
-    queue = deque(sorted(requests, key=lambda r: r.arrival))
-    while queue:
-        clock.wait_until(queue[0].arrival)
-        now, batch = clock.now(), []
-        while (queue and len(batch) < batch_size and queue[0].arrival <= now
-               and _fits_together(batch + [queue[0]], model.config.block_size)):
-            batch.append(queue.popleft())
-        _run_static(model, batch, out, clock, decoder)
-    return out
-
-
-def _fits_together(batch: list[Request], block_size: int) -> bool:
-    """Whether one padded batch writes every answer: its prompts are padded to the longest, and the batch runs
-    until its longest answer is written (the last token never fed back). One request alone always fits
-    (``check_fits``); the next one that would not waits for the next batch."""
-    return max(len(r.prompt) for r in batch) + max(r.max_new_tokens for r in batch) - 1 <= block_size
-
-
-def run_one_at_a_time(model: GPT, requests: list[Request], decoder: str = "fast") -> RunResult:
-    """Each request alone, in arrival order, through ``generate`` with a static cache (the single-stream path)."""
-    out = run_static_batching(model, requests, batch_size=1, decoder=decoder)
-    out.name = "one at a time, static cache"
-    return out

@@ -32,7 +32,8 @@ from kvlib.blocks import block_hash
 from kvlib.paged import KVPool, PagedBatch, PagedKVCache
 from kvlib.verify import verify_paged
 from kvlib.tools.traces import class_trace, make_trace
-from kvlib.serving import Engine, Request, run_continuous, run_one_at_a_time, run_static_batching
+from kvlib.serving import Engine, Request
+from kvlib.tools.serving_runs import run_continuous, run_one_at_a_time, run_static_batching
 from kvlib.paged import parallel_sample
 from kvlib.speculative import (NeuralDraft, NgramDraft, SpeculativeDecoder, accept_greedy, accept_sampled,
                                expected_tokens_per_round, speculative_generate)

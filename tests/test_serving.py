@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kvlib.decoding import generate
-from kvlib.serving import Engine, Request, run_continuous, run_one_at_a_time, run_static_batching
+from kvlib.serving import Engine, Request
+from kvlib.tools.serving_runs import run_continuous, run_one_at_a_time, run_static_batching
 from kvlib.paged import parallel_sample
 from kvlib.poems import encode_prompt
 from kvlib.tools.traces import make_trace

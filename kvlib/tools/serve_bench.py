@@ -20,7 +20,8 @@ from ..decoding import pad_prompts
 from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from ..serving import RunResult, StepClock, run_continuous, run_one_at_a_time, run_static_batching
+from ..serving import StepClock
+from .serving_runs import RunResult, run_continuous, run_one_at_a_time, run_static_batching
 from .timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import forward_flops, peak_matmul_flops, weight_bytes

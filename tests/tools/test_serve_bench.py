@@ -198,7 +198,8 @@ def test_prefix_reports_count_what_the_cache_saves(shipped_char):
 
 
 def test_without_preemption_the_engine_holds_the_share_the_lengths_give(shipped_char):
-    from kvlib.serving import Request, run_continuous
+    from kvlib.serving import Request
+    from kvlib.tools.serving_runs import run_continuous
     from kvlib.tools.serve_bench import expected_share
 
     model, _ = shipped_char

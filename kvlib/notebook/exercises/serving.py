@@ -10,7 +10,7 @@ from .harness import as_ints, brief, exact_case, number_case, sentences, stops_a
 def check_memory_shares(fn, model, requests, sizes=(4, 8, 16, 32), kv_positions: int = 1024) -> bool:
     """``fn(kv_block_size) -> memory share``: ``requests`` served continuously in ``kv_positions`` positions
     cut into blocks of that size; compared with the engine's own count for each size."""
-    from ...serving import run_continuous
+    from ...tools.serving_runs import run_continuous
 
     passed = True
     for size in sizes:

@@ -252,6 +252,16 @@ TRANSLATIONS = {  # the text as the model wrote it (its line breaks included) ->
         "The spring wind sees a guest off; the river trees send you home. Rivers and seas hold many fine "
         "sights; the river clouds cannot be counted on. / (the next poem) In the southern lands we meet at "
         "times; the spring wind rises... (cut off)",
+    "春风吹柳柳，春色满池塘。\n春色春风起，春光满地开。\n":
+        "The spring wind blows the willows, willows; spring colour fills the pond. / Spring colour, the spring "
+        "wind rises; spring light opens over all the ground.",
+    "春风吹柳拂，春日照花开。\n春风吹柳拂，春日照花开。\n":
+        "The spring wind blows, the willows sway; the spring sun shines and the flowers open. / (the same line "
+        "again)",
+    "春风起，春草木兰蕙兰蕙。\n春草绿，春草萋萋萋萋萋，春":
+        "The spring wind rises; spring grass, magnolia, orchid, melilot, orchid, melilot. / Spring grass green; "
+        "spring grass lush, lush, lush, lush, lush; spring... (cut off; lines of 3 and 7 characters: the form is "
+        "gone)",
 }
 
 

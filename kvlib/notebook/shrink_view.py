@@ -8,15 +8,13 @@ from __future__ import annotations
 import html
 from dataclasses import asdict
 
-import torch
-
-from ..tokenizer import UnknownCharacterError, check_pair, decode_complete
+from ..tokenizer import UnknownCharacterError, check_pair
 from ..model import check_gpt
-from ..decoding import cache_decoder, generate
-from ..poems import encode_prompt, no_unk
-from ..tools.shrink_bench import check_table, converted, settings
-from .english import TRANSLATIONS
-from .show import FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html, require_str
+from ..poems import encode_prompt
+from ..tools.shrink_bench import check_table, settings, written
+from .english import english_html
+from .show import (FONT, LiveWidget, check_setting, control_style, display, error_message, frame, in_row, message_html,
+                   require_str, row)
 
 
 class ShrinkView:
@@ -55,18 +53,15 @@ class ShrinkView:
                                  style=control_style(), layout=in_row(420, 280, 560))
         self.output = w.HTML(layout=w.Layout(width="100%"))
         self.choice.observe(lambda _: self._refresh(), names="value")
-        self.widget = frame(self.choice, self.output)
+        # The dropdown sits in a row: its layout (in_row) gives it a flex basis of 420 px, which in the frame's
+        # column would be its height, leaving a blank gap under it.
+        self.widget = frame(row(self.choice), self.output)
         self._refresh()
 
     def poem(self, label: str) -> str:
         """``n_chars`` characters after the prompt, sampled at temperature 0.8 with the view's seed."""
-        s = self.settings[label]
-        model = self.model if s.model is None else converted(self.model, s.model)
-        decoder = None if s.cache is None else cache_decoder(s.cache, **s.options)
-        idx = torch.tensor([encode_prompt(self.tokenizer, self.prompt)])
-        out = generate(model, idx, self.n_chars, temperature=0.8, generator=torch.Generator().manual_seed(self.seed),
-                       logits_hook=no_unk(self.tokenizer), decoder=decoder if s.model is None else "model")
-        return self.prompt + decode_complete(self.tokenizer, out.new_tokens[0]).replace("\n", " ")
+        return written(self.model, self.tokenizer, self.settings[label], self.prompt, self.n_chars, temperature=0.8,
+                       seed=self.seed).replace("\n", " ")
 
     def text(self) -> str:
         r = self.rows[self.choice.value]
@@ -80,10 +75,8 @@ class ShrinkView:
     def _refresh(self) -> None:
         try:
             numbers, poem = self.text().split("\n", 1)
-            english = TRANSLATIONS.get(poem)  # shown where one is stored for exactly this text
             self.output.value = (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>{html.escape(numbers)}</p>"
                                  f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>「{html.escape(poem)}」</p>"
-                                 + (f"<p style='{FONT};margin:4px 0;overflow-wrap:anywhere'>→ {html.escape(english)}</p>"
-                                    if english else ""))
+                                 + english_html(poem))  # the translation stored for exactly this text, or none
         except Exception as err:  # shown in place of the answer
             self.output.value = message_html(error_message(err))

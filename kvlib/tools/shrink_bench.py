@@ -6,16 +6,19 @@ bytes are counted and the quality numbers are the same on every machine.
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..checks import check_int, check_text
-from ..tokenizer import check_pair, check_tokenizer
+from ..checks import check_int, check_seed, check_text
+from ..tokenizer import check_pair, check_tokenizer, decode_complete
 from ..model import GPT, GPTConfig, KVCache, check_gpt
 from ..compress import grouped, latent
+from ..decoding import cache_decoder, generate
+from ..poems import encode_prompt, no_unk
 from ..evict import HeavyHitterCache, SinkCache, SlidingWindowCache
 from ..quality import cache_cost, stepwise_logits
 from ..quantized import QuantizedKVCache
@@ -110,6 +113,53 @@ def converted(base: GPT, spec: str) -> GPT:
     if kind == "latent":
         return latent(base, n)
     return load_pretrained(spec)[0]
+
+
+def written(model: GPT, tokenizer, setting: Setting, prompt: str, n_new: int, *, temperature: float = 0.0,
+            seed: int = 0) -> str:
+    """``prompt`` and the ``n_new`` tokens written after it through ``setting``'s cache (or by its converted model):
+    greedy at temperature 0, else sampled with ``seed``; never ``<unk>``, and without stopping at a poem's end."""
+    check_pair(model, tokenizer)
+    check_gpt(model)
+    if not isinstance(setting, Setting):
+        raise TypeError(f"setting must be one of shrink_bench.settings(length), got {type(setting).__name__}")
+    idx = torch.tensor([encode_prompt(tokenizer, check_text(prompt, "prompt"))])
+    n_new = check_int("n_new", n_new, 1, model.config.block_size - idx.shape[1] + 1)
+    writer = model if setting.model is None else converted(model, setting.model)
+    decoder = "model" if setting.cache is None else cache_decoder(setting.cache, **setting.options)
+    out = generate(writer, idx, n_new, temperature=temperature, generator=torch.Generator().manual_seed(check_seed(seed)),
+                   logits_hook=no_unk(tokenizer), decoder=decoder)
+    return prompt + decode_complete(tokenizer, out.new_tokens[0])
+
+
+@torch.no_grad()
+def repeated_heads(model: GPT) -> GPT:
+    """A multi-head copy of a grouped-query ``model``: each key/value head repeated for every query head it serves.
+
+    It computes the same function, but its cache holds each shared head once per query head. So a cache that takes
+    only multi-head models (``QuantizedKVCache``) can run on a grouped-query model's keys and values: quantisation
+    groups never cross heads (keys: one channel over a run of positions; values: a run of one head's channels), so
+    the copies of a head get the same codes and the logits are those the model's own heads would give through such a
+    cache, whose bytes are this one's times ``n_kv_head / n_head``.
+    """
+    check_gpt(model)
+    cfg = model.config
+    if cfg.kv_latent or cfg.multi_head:
+        raise ValueError(f"model must be a grouped-query model (n_kv_head < n_head, no latent), got {cfg}")
+    H, Hkv, D, C = cfg.n_head, cfg.kv_heads, cfg.head_size, cfg.n_embd
+    weight = model.lm_head.weight
+    with torch.random.fork_rng(devices=[]):  # the copy's random start, about to be replaced, leaves the RNG alone
+        out = GPT(replace(cfg, n_kv_head=0)).to(dtype=weight.dtype, device=weight.device)
+    state = copy.deepcopy(model.state_dict())
+    for i in range(cfg.n_layer):
+        for name in ("weight", "bias"):
+            key = f"transformer.h.{i}.attn.c_attn.{name}"
+            q, k, v = state[key].split([C, Hkv * D, Hkv * D])                   # heads stacked by rows
+            # query head h reads key/value head h // (H / Hkv), as attention's enable_gqa does
+            repeat = lambda t: t.view(Hkv, D, *t.shape[1:]).repeat_interleave(H // Hkv, 0).flatten(0, 1)  # noqa: E731
+            state[key] = torch.cat([q, repeat(k), repeat(v)])                   # (3C, ...)
+    out.load_state_dict(state)
+    return out.eval()
 
 
 def texts(tokenizer, n_texts: int = 50, length: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -592,7 +592,7 @@ def test_bytes_per_token_check_takes_the_model_too(char, capsys):
 def test_memory_share_and_prefix_hit_checks_answer_back(char, capsys):
     from kvlib.notebook.exercises import check_memory_shares, check_prefix_hits
     from kvlib.paged import PagedKVCache
-    from kvlib.serving import run_continuous
+    from kvlib.tools.serving_runs import run_continuous
     from kvlib.tools.traces import make_trace
     from kvlib.poems import encode_prompt
 

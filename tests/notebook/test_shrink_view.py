@@ -52,12 +52,36 @@ def test_bad_settings_are_refused(char):
 
 
 def test_the_poem_has_its_english_only_where_one_is_stored_for_exactly_it(char, monkeypatch):
-    from kvlib.notebook import shrink_view
+    from kvlib.notebook.english import NO_ENGLISH, TRANSLATIONS
 
     model, tok = char
     view = ShrinkView(model, tok, table(), n_chars=12)
     poem = view.text().split("\n")[1]
-    assert "→" not in view.output.value                                    # nothing stored for this poem
-    monkeypatch.setitem(shrink_view.TRANSLATIONS, poem, "Spring wind & <test>")
+    assert f"→ {NO_ENGLISH}" in view.output.value                          # nothing stored for this poem: said so
+    monkeypatch.setitem(TRANSLATIONS, poem, "Spring wind & <test>")
     view._refresh()
     assert "→ Spring wind &amp; &lt;test&gt;" in view.output.value           # escaped, under the poem
+    assert NO_ENGLISH not in view.output.value
+
+
+def test_the_view_fits_and_no_control_sits_in_a_column_with_a_flex_basis(char):
+    """A flex basis is a width in a row but a height in a column: the dropdown's 420 px basis, directly in the frame's
+    column, once left a blank gap of about 390 px under it in JupyterLab."""
+    import ipywidgets as w
+
+    from .widget_checks import assert_fits
+
+    model, tok = char
+    view = ShrinkView(model, tok, table(), n_chars=4)
+    assert_fits(view)
+
+    def in_columns(box):
+        column = isinstance(box, w.VBox) or "column" in (box.layout.flex_flow or "")
+        for child in box.children:
+            if column and child.layout.flex:
+                yield f"{type(child).__name__} with flex {child.layout.flex!r} in a column"
+            if isinstance(child, w.Box):
+                yield from in_columns(child)
+
+    assert not list(in_columns(view.widget))
+    assert view.choice in view.widget.children[1].children[0].children  # the dropdown's row, under the style

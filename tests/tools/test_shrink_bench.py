@@ -2,8 +2,9 @@
 import json
 
 import pytest
+import torch
 
-from kvlib.tools.shrink_bench import check_table, format_table, settings, shrink_table, texts
+from kvlib.tools.shrink_bench import check_table, format_table, repeated_heads, settings, shrink_table, texts, written
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +50,54 @@ def test_the_printed_table_and_the_command(table, capsys):
     assert main(["shrink", "--texts", "2", "--length", "16", "--json"]) in (0, None)
     out = json.loads(capsys.readouterr().out)
     assert out["texts"] == 2 and out["length"] == 16 and len(out["rows"]) == len(table["rows"])
+
+
+def test_written_goes_through_the_setting_and_on_past_a_poems_end(shipped_char):
+    from kvlib import generate
+    from kvlib.poems import encode_prompt
+
+    model, tok = shipped_char
+    by_label = {s.label: s for s in settings(16)}
+    full = written(model, tok, by_label["full cache: float32"], "春风", 24)
+    idx = torch.tensor([encode_prompt(tok, "春风")])
+    assert full == "春风" + tok.decode(generate(model, idx, 24, temperature=0.0, decoder="model").new_tokens[0].tolist())
+    assert full.count("\n") >= 1  # greedy from 春风 ends a poem within 24 tokens and starts another
+    assert written(model, tok, by_label["quantised: 8-bit"], "春风", 24) == full  # 8 bits: the same greedy text
+    assert written(model, tok, by_label["fewer heads: MQA, 1 head, pooled"], "春风", 24) != full
+    sampled = written(model, tok, by_label["full cache: float32"], "春风", 24, temperature=0.8, seed=3)
+    assert sampled == written(model, tok, by_label["full cache: float32"], "春风", 24, temperature=0.8, seed=3)
+    with pytest.raises(TypeError, match="setting must be"):
+        written(model, tok, "full cache: float32", "春风", 4)
+    with pytest.raises(ValueError, match="n_new"):
+        written(model, tok, by_label["full cache: float32"], "春风", 200)
+
+
+def _grouped_gpt():
+    from kvlib.compress import grouped
+    from kvlib.model import GPT, GPTConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        multi = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)).eval()  # heads of 16
+    return multi, grouped(multi, 2)
+
+
+def test_repeated_heads_computes_the_grouped_model_and_quantises_each_shared_head_alike():
+    from kvlib import QuantizedKVCache
+    from kvlib.quality import stepwise_logits
+
+    multi, gqa = _grouped_gpt()
+    rng = torch.get_rng_state()
+    copy = repeated_heads(gqa)
+    assert torch.equal(torch.get_rng_state(), rng)  # the copy's random start leaves the global RNG alone
+    assert copy.config.multi_head and copy.config.n_head == 4 and gqa.config.kv_heads == 2
+    x = torch.randint(0, 64, (3, 32), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert (copy(x)[0] - gqa(x)[0]).abs().max() < 1e-5
+    cache = QuantizedKVCache(copy.config, 3, 32, bits=4)
+    stepwise_logits(copy, x, cache)
+    for store in cache.keys + cache.values:  # query heads 0, 1 share key/value head 0; 2, 3 share head 1
+        assert torch.equal(store.codes[:, 0], store.codes[:, 1]) and torch.equal(store.codes[:, 2], store.codes[:, 3])
+        assert not torch.equal(store.codes[:, 1], store.codes[:, 2])
+    with pytest.raises(ValueError, match="grouped-query model"):
+        repeated_heads(multi)

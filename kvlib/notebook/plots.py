@@ -366,9 +366,10 @@ def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Fi
 
     Left: tokens per round over the rounds that asked for all γ guesses, measured (dots), against the
     formula (1 − α^(γ+1)) / (1 − α) (lines). Right: time per token, with plain greedy decoding as a
-    dashed line. ``rows_by_draft`` maps a draft's name to its rows, dicts with ``gamma``,
-    ``tokens_per_full_round``, ``formula`` and
-    ``us_per_token`` (``run_spec_bench``'s ``report["results"][name]["rows"]``).
+    dashed line; bars span the rounds' spread (``low_us`` to ``high_us``, when given), and a row the machine was
+    too busy to time (``too_busy``) is left out. ``rows_by_draft`` maps a draft's name to its rows, dicts with
+    ``gamma``, ``tokens_per_full_round``, ``formula`` and ``us_per_token`` (``run_spec_bench``'s
+    ``report["results"][name]["rows"]``).
     """
     fig = Figure(figsize=(MAX_WIDTH, 4.6), layout="constrained")
     ax_calls, ax_time = fig.subplots(1, 2, sharex=True)  # both panels: the same γ
@@ -378,7 +379,10 @@ def plot_speculation_sweep(rows_by_draft: dict, plain_us_per_token: float) -> Fi
         gammas = [r["gamma"] for r in rows]
         ax_calls.plot(gammas, [r["tokens_per_full_round"] for r in rows], "o", color=color, ms=7)
         ax_calls.plot(gammas, [r["formula"] for r in rows], "-", color=color)
-        ax_time.plot(gammas, [r["us_per_token"] for r in rows], "o-", color=color, ms=7)
+        timed = [r for r in rows if not r.get("too_busy")]  # a reading faster than the step it holds is not drawn
+        ax_time.errorbar([r["gamma"] for r in timed], [r["us_per_token"] for r in timed], fmt="o-", color=color, ms=7,
+                         capsize=3, yerr=[[r["us_per_token"] - r.get("low_us", r["us_per_token"]) for r in timed],
+                                          [r.get("high_us", r["us_per_token"]) - r["us_per_token"] for r in timed]])
         handles.append(Line2D([], [], color=color, marker="o", ms=7, label=name))
     ax_time.axhline(plain_us_per_token, color="grey", ls="--")
     ax_calls.set(xlabel="γ (guesses per round)", ylabel="tokens per target call",

@@ -4,10 +4,11 @@
 decodes the same prompts greedily with ``speculative_generate`` and with plain ``generate`` (the
 fast path), side by side in one run, checks that the tokens are the same, and reports
 
-- α, the share of drafted tokens the target kept, and the tokens per target call next to
-  (1 − α^(γ+1)) / (1 − α), which assumes each guess is kept independently with probability α;
-- time per token, the best γ and the speed-up over plain greedy;
-- the cost of one draft step and of one verify pass of γ + 1 tokens, which with α explain the speed-up;
+- α, the share of judged guesses the target kept, and the tokens per target call (counts, the same on any
+  machine), next to (1 − α^(γ+1)) / (1 − α), which assumes each guess is kept independently with probability α;
+- time per token against plain greedy, with its spread and verdict, and a timing that contradicts the work it
+  holds (faster than the decode step inside it) replaced by the line saying the machine was too busy;
+- the cost model (:mod:`kvlib.tools.spec_costs`): counted, what a round does; timed, what its pieces cost here;
 - transformers' assisted generation (and prompt lookup) with the same weights, when installed.
 
 It also builds the corpus n-gram draft. (The statistics of notebook 8's sampling check live in
@@ -26,11 +27,12 @@ from ..fast import FastDecoder, head_logits
 from ..model import GPT
 from ..speculative import Draft, NeuralDraft, NgramDraft, expected_tokens_per_round, speculative_generate
 from ..poems import encode_prompt
-from .timing import Timing, describe_machine, interleaved, machine, verdict
+from .timing import Timing, contradicts, describe_machine, interleaved, machine, too_busy, verdict
 from .timing import threads as thread_count
 from ..verify import greedy_agreement, near_tie_note
 from .bench import aten_calls, forward_flops, to_transformers, transformers_available, weight_bytes
-from .spec_costs import alpha_needed, check_costs, perfect_draft_speedup, round_us
+from .spec_costs import (COUNTED, alpha_needed, check_costs, describe_counted, describe_timed, draft_costs,  # noqa: F401
+                         perfect_draft_speedup, round_us)
 
 GAMMAS = tuple(range(1, 9))
 TARGET_SPEEDUP = 1.3
@@ -86,7 +88,6 @@ def bench_prompts(tokenizer, n: int = 4) -> list[torch.Tensor]:
     from .corpus import load_poems, split
 
     check_int("n", n, 1, 1000)
-
     _, val = split(load_poems())
     return [torch.tensor([encode_prompt(tokenizer, poem[:PROMPT_CHARS[i % len(PROMPT_CHARS)]])])
             for i, poem in enumerate(val[:n])]
@@ -122,23 +123,21 @@ def decode_step(model: GPT, context: int = 40):
 
 
 def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds: int = 5,
-                min_run_time: float = 0.02) -> dict:
-    """µs of one fast-path decode step, one verify pass of T = 2 … 9 tokens, the head's matrix product
-    alone over T rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
-    (:func:`kvlib.tools.timing.interleaved`), each with its spread (low, high) under ``"spread"``; a guess
-    also in decode steps, round by round, under ``"guess_steps_spread"`` (low, high). A guess is the
-    difference of two timings of the same round (γ = 2 minus γ = 1), floored at 0 (one too quick to tell
-    from noise is 0); its figure is the median of those differences.
-    ``"verify_per_token_vs_step"`` holds, for T = 2 … 9, the verdict of a verify pass's cost per token
-    against the decode step, taken over the rounds (:func:`kvlib.tools.timing.verdict`); ``"verify_vs_step"`` the
-    verdict of the whole pass against one step.
-
-    A verify pass of one token is the decode step itself: ``verify_us[1]`` is the step's figure, not a
-    second measurement of the same computation. The cost model divides these by ``step_us``: costs in
-    decode steps stay comparable when the machine's speed moves between two measurements.
+                min_run_time: float = 0.02, passes=tuple(range(2, 10))) -> dict:
+    """µs of one fast-path decode step, a verify pass of each T in ``passes``, the head's matrix product over one
+    row and over the most rows, and one guess of each draft: medians of ``rounds`` interleaved rounds
+    (:func:`kvlib.tools.timing.interleaved`), every round's figure under ``"rounds_us"``. A guess is the difference
+    of two timings of the same round (γ = 2 minus γ = 1), floored at 0; its figure is the median of those
+    differences, its spread in decode steps, round by round, under ``"guess_steps_spread"``. A verify pass of one
+    token is the decode step itself (one figure). ``"too_busy"`` holds, for each pass ("verify/T") and for the
+    head's widest product ("head/T"), the line to print instead of its figure when it was timed faster than the
+    step (or the one-row product) that is part of its work (:func:`kvlib.tools.timing.contradicts`), else None.
     """
+    if not isinstance(passes, (tuple, list, range)) or not passes:
+        raise TypeError(f"passes must be a non-empty tuple of token counts in [2, {MAX_VERIFY}], got {passes!r:.60}")
+    passes = sorted({check_int("a count of passes", T, 2, MAX_VERIFY) for T in passes})
     dec, step = decode_step(model, context)
-    context = dec.cache.length
+    context, widest = dec.cache.length, passes[-1]
 
     def verify(T):
         chunk = torch.zeros(1, T, dtype=torch.long)
@@ -153,47 +152,44 @@ def piece_costs(model: GPT, drafts: dict[str, Draft], context: int = 40, rounds:
         return lambda: head_logits(x, dec.weights)  # (T, C) @ (C, V): the largest product of a pass
 
     tokens = list(range(1, context + 1))
-    fns = {"step": step, **{("verify", T): verify(T) for T in range(2, 10)},
-           **{("head", T): head(T) for T in range(1, 10)}}
+    fns = {"step": step, **{("verify", T): verify(T) for T in passes}, ("head", 1): head(1), ("head", widest): head(widest)}
     for name, d in drafts.items():
         # One more guess after the tokens so far costs one feed and one pick: propose γ = 2, minus γ = 1.
         fns["guess", name, 2] = lambda d=d: d.propose(tokens, 2)
         fns["guess", name, 1] = lambda d=d: d.propose(tokens, 1)
     t = interleaved(fns, rounds, min_run_time=min_run_time)
+    named = {"step": "one decode step", **{("verify", T): f"a verify pass of {T} tokens" for T in passes},
+             ("head", 1): "the head's product over one row", ("head", widest): f"the head's product over {widest} rows"}
+    t = {key: Timing(named[key], v.rounds) if key in named else v for key, v in t.items()}
     t["verify", 1] = t["step"]  # the same computation: one figure
     us = lambda key: 1e6 * t[key].median  # noqa: E731
-    spread = {str(k if isinstance(k, str) else "/".join(map(str, k))): (1e6 * v.low, 1e6 * v.high)
-              for k, v in t.items()}
-
-    def guess(name):  # one more guess, round by round: (µs, in decode steps of the same round)
-        return [(max(a - b, 0.0), max(a - b, 0.0) / c) for a, b, c in
-                zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds, t["step"].rounds)]
-
-    def guess_steps(name):  # (low, high) over the rounds
-        per_round = [steps for _, steps in guess(name)]
-        return min(per_round), max(per_round)
-
-    def per_token(T):  # a verify pass of T tokens, per token, round by round
-        return Timing(f"verify {T}, per token", tuple(x / T for x in t["verify", T].rounds))
-
+    guess = {name: [max(a - b, 0.0) * 1e6 for a, b in zip(t["guess", name, 2].rounds, t["guess", name, 1].rounds)]
+             for name in drafts}  # one more guess, µs, round by round
+    in_steps = {name: [g / (1e6 * s) for g, s in zip(guess[name], t["step"].rounds)] for name in drafts}
+    busy = {f"verify/{T}": too_busy(t["step"], t["verify", T]) if contradicts(t["step"], t["verify", T]) else None
+            for T in passes}
+    busy[f"head/{widest}"] = (too_busy(t["head", 1], t["head", widest]) if contradicts(t["head", 1], t["head", widest])
+                              else None)
     return {"step_us": us("step"),
-            "verify_us": {T: us(("verify", T)) for T in range(1, 10)},
-            "head_us": {T: us(("head", T)) for T in range(1, 10)},
-            "guess_us": {name: 1e6 * statistics.median(g for g, _ in guess(name)) for name in drafts},
-            "guess_steps_spread": {name: guess_steps(name) for name in drafts},
-            "verify_per_token_vs_step": {T: verdict(per_token(T), t["step"]) for T in range(2, 10)},
-            "verify_vs_step": {T: verdict(t["verify", T], t["step"]) for T in range(2, 10)},
-            "rounds": rounds, "context": context, "spread": spread}
+            "verify_us": {T: us(("verify", T)) for T in [1, *passes]},
+            "head_us": {T: us(("head", T)) for T in (1, widest)},
+            "guess_us": {name: statistics.median(g) for name, g in guess.items()},
+            "guess_steps_spread": {name: (min(s), max(s)) for name, s in in_steps.items()},
+            "too_busy": busy, "rounds": rounds, "context": context,
+            "rounds_us": {"step": [1e6 * x for x in t["step"].rounds],
+                          "verify": {T: [1e6 * x for x in t["verify", T].rounds] for T in [1, *passes]},
+                          "guess": guess}}
 
 
-def pass_counts(model: GPT, context: int = 40) -> dict:
-    """What a verify pass of T = 1 … 9 tokens does after ``context`` cached tokens, whatever the machine:
+def pass_counts(model: GPT, context: int = 40, max_tokens: int = 9) -> dict:
+    """What a verify pass of T = 1 … ``max_tokens`` tokens does after ``context`` cached tokens, whatever the machine:
     ATen calls (counted under inference mode; T = 1 is the decode step), FLOPs, and bytes of weights read."""
+    max_tokens = check_int("max_tokens", max_tokens, 1, MAX_VERIFY)
     dec, _ = decode_step(model, context)
     context = dec.cache.length
     weights = weight_bytes(model)
     out = {}
-    for T in range(1, MAX_VERIFY + 1):
+    for T in range(1, max_tokens + 1):
         chunk = torch.zeros(1, T, dtype=torch.long)
 
         def run():
@@ -205,7 +201,15 @@ def pass_counts(model: GPT, context: int = 40) -> dict:
     return out
 
 
-# ---- the cost model -------------------------------------------------------------------------------
+def guess_counts(draft: Draft, context: int = 40) -> dict | None:
+    """One guess, counted as :func:`pass_counts` counts a pass: a table look-up (n-gram) does no operator call, reads no
+    weight and does no arithmetic; a neural guess is a decode step of its model. None for another kind of draft."""
+    if isinstance(draft, NgramDraft):
+        return {k: 0 for k in COUNTED}
+    if isinstance(draft, NeuralDraft) and draft.model.config.block_size >= 2 * MAX_VERIFY:
+        return pass_counts(draft.model, context, 1)[1]
+    return None
+
 
 # ---- the benchmark --------------------------------------------------------------------------------
 
@@ -222,15 +226,14 @@ def _hf_assisted(hf, hf_draft, idx, n, gamma):
 
 def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None, prompts=None, *,
                    gammas=GAMMAS, new_tokens: int = 64, rounds: int = 3, with_transformers: bool = True,
-                   progress: bool = True, threads: int = 1, costs: dict | None = None) -> dict:
+                   progress: bool = True, threads: int = 1, costs: dict | None = None,
+                   counts: dict | None = None) -> dict:
     """Greedy speculative decoding against plain greedy ``generate``, for every draft and γ, side by side.
 
-    Each round times plain decoding of every prompt, then every (draft, γ), so a change in the
-    machine's load hits all alike (``kvlib.tools.timing``'s rule); a time per token is the median over the
-    rounds, with its spread, and each speed-up comes with a verdict: faster, slower or within noise.
-    ``costs`` from :func:`piece_costs` on this machine may be passed in (one measurement of each piece per
-    notebook); otherwise they are measured after the rounds. Runs with ``threads`` threads (1 is
-    fastest at this size; a second thread waiting for a busy core slows every step), restored after.
+    The ways take turns, round after round (``kvlib.tools.timing``'s rule); a time per token is the median over
+    the rounds, with its spread and a verdict against plain greedy: faster, slower or within noise. ``costs``
+    (:func:`piece_costs`) and ``counts`` (:func:`pass_counts`) may be passed in, else they are measured after the
+    rounds. Runs with ``threads`` threads (1 is fastest at this size), restored after.
     """
     check_model(model)
     _check_bench_model(model)
@@ -251,12 +254,17 @@ def run_spec_bench(model: GPT, tokenizer, drafts: dict[str, Draft] | None = None
                 raise TypeError(f"prompts[{i}] must be a (1, P) int64 tensor (as bench_prompts makes), got {idx!r:.60}")
     if costs is not None:
         check_costs(costs, 0.0)
-        missing = [name for name in (drafts or {}) if name not in costs.get("guess_us", {})]
-        if missing:
-            raise ValueError(f"costs has no guess cost for draft(s) {missing}: measure them with piece_costs(model, "
-                             f"drafts)")
+        missing = ([f"a guess of {name}" for name in (drafts or {}) if name not in costs.get("guess_us", {})]
+                   + [f"a verify pass of {g + 1}" for g in gammas if g + 1 not in costs["verify_us"]])
+        if missing or "rounds_us" not in costs:
+            raise ValueError(f"costs has no figure for {missing or 'each round'}: measure them with piece_costs(model, "
+                             f"drafts, passes=[γ + 1 for each γ])")
+    if counts is not None and not (isinstance(counts, dict) and set(counts) >= {1, *(g + 1 for g in gammas)}):
+        raise TypeError(f"counts must be pass_counts(model, context) with passes of 1 … {max(gammas) + 1} tokens, "
+                        f"got {counts!r:.60}")
     with thread_count(threads):
-        return _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs)
+        return _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress,
+                        costs, counts)
 
 
 MAX_VERIFY = 9  # piece_costs measures verify passes of 1 … 9 tokens: rounds of up to 8 guesses
@@ -269,7 +277,8 @@ def _check_bench_model(model: GPT) -> None:
                          f"{MAX_VERIFY} after a context), got {model.config.block_size}")
 
 
-def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs) -> dict:
+def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with_transformers, progress, costs,
+             counts) -> dict:
     from tqdm.auto import tqdm
     import sys
 
@@ -282,76 +291,63 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
                              f"of {model.config.block_size}")
     total = sum(min(new_tokens, model.config.block_size - p.shape[1] + 1) for p in prompts)
     reference = [generate(model, idx, new_tokens, temperature=0.0).tokens for idx in prompts]
-    prompt_lengths = [idx.shape[1] for idx in prompts]
 
     def plain_greedy():
         for idx in prompts:
             generate(model, idx, new_tokens, temperature=0.0)
-
-    def spec(d, g):
-        return [speculative_generate(model, d, idx, new_tokens, gamma=g) for idx in prompts]
 
     keys = [(name, g) for name in drafts for g in gammas]
     stats, same = {}, {}
 
     def spec_timed(key):
         def run():
-            results = spec(drafts[key[0]], key[1])
+            results = [speculative_generate(model, drafts[key[0]], idx, new_tokens, gamma=key[1]) for idx in prompts]
             if key not in stats:  # the counts are the same every call: take them from the first (the warm-up)
                 judged = sum(res.judged for res in results)
-                alpha = sum(res.accepted for res in results) / max(1, judged)
                 calls = sum(len(res.rounds) for res in results)
                 # The formula counts a round that asks for γ guesses; near the end of a text a round asks for
                 # fewer (only what can still be written), so it is checked on the full rounds alone.
                 full = [r for res in results for r in res.rounds if len(r.drafted) == key[1]]
-                stats[key] = {"alpha": alpha, "judged": judged, "tokens_per_call": total / calls,
+                alpha = sum(res.accepted for res in results) / max(1, judged)
+                stats[key] = {"alpha": alpha, "judged": judged, "target_calls": calls, "tokens_per_call": total / calls,
                               "full_rounds": len(full),
                               "tokens_per_full_round": sum(r.accepted + 1 for r in full) / max(1, len(full)),
                               "formula": expected_tokens_per_round(alpha, key[1])}
                 seen = [greedy_agreement(model, ref[0, :P], res.tokens[0, P:], ref[0, P:])
-                        for res, ref, P in zip(results, reference, prompt_lengths)]
+                        for res, ref, P in zip(results, reference, (p.shape[1] for p in prompts))]
                 same[key] = {"same_tokens": "differ" not in seen, "near_ties": seen.count("near-tie")}
         return run
 
-    # One decode step takes its turn in the same rounds: plain greedy's time per token is a step plus the
-    # loop around it, and the cost model below is scaled to this run's step.
+    # One decode step takes its turn in the same rounds: a greedy token is a step plus the loop around it, and a
+    # round holds a verify pass, which holds a step; a timing faster than the step it holds is not reported.
     context = bench_context(prompts, new_tokens)
     fns = {"plain": plain_greedy, "step": decode_step(model, context)[1], **{key: spec_timed(key) for key in keys}}
     bar = tqdm(total=rounds * len(fns), desc="speculate", disable=not progress, file=sys.stderr, leave=False)
     timed = interleaved(fns, rounds, min_run_time=0.05, on_round=lambda: bar.update(len(fns)))
     bar.close()
-    per_token = {key: Timing(str(key), tuple(x / total for x in timed[key].rounds)) for key in ["plain"] + keys}
-    plain_us, step = 1e6 * per_token["plain"].median, timed["step"]
+    step = Timing("one decode step", timed["step"].rounds)
+    plain = Timing("a plain greedy token", tuple(x / total for x in timed["plain"].rounds))
+    per_token = {key: Timing(str(key), tuple(x / total for x in timed[key].rounds)) for key in keys}
     if costs is None:
-        costs = piece_costs(model, drafts, context)
-    scale = 1e6 * step.median / costs["step_us"]  # the pieces' costs, in this run's decode steps
-    step_rounds = [1e6 * x / costs["step_us"] for x in step.rounds]  # the same, round by round
+        costs = piece_costs(model, drafts, context, passes=[g + 1 for g in gammas])
+    counts = pass_counts(model, context) if counts is None else counts
 
     report_drafts = {}
     for name in drafts:
         per_gamma = []
         for g in gammas:
-            t = per_token[name, g]
-            us = 1e6 * t.median
-            s = stats[name, g]
-            # The cost model: γ guesses and one verify pass of γ + 1 tokens per round, over the tokens it writes.
-            in_steps = round_us(costs, costs["guess_us"][name], g) / s["tokens_per_call"]
-            modelled = Timing(f"model {name} {g}", tuple(1e-6 * k * in_steps for k in step_rounds))
-            against_model = verdict(t, modelled)  # the measured time per token against the model's, round by round
-            per_gamma.append({"gamma": g, **s, "us_per_token": us, "low_us": 1e6 * t.low, "high_us": 1e6 * t.high,
-                              "speedup": plain_us / us, "verdict": verdict(t, per_token["plain"]),
-                              "modelled_us_per_token": scale * in_steps,
-                              "vs_model": {"faster": "below", "slower": "above"}.get(against_model, against_model),
+            t, s = per_token[name, g], stats[name, g]
+            per_round = Timing(f"a round of the {name} draft at γ = {g}",
+                               tuple(x / s["target_calls"] for x in timed[name, g].rounds))
+            per_gamma.append({"gamma": g, **s, "us_per_token": 1e6 * t.median, "low_us": 1e6 * t.low,
+                              "high_us": 1e6 * t.high, "speedup": plain.median / t.median, "verdict": verdict(t, plain),
+                              "too_busy": too_busy(step, per_round) if contradicts(step, per_round) else None,
                               **same[name, g]})
         best = min(per_gamma, key=lambda r: r["us_per_token"])
-        guess = costs["guess_us"][name]
-        # Over every γ, as the perfect draft's ceiling: the smallest α that reaches the target, and its γ.
-        needs = {g: a for g in gammas if (a := alpha_needed(costs, guess, g, TARGET_SPEEDUP)) is not None}
-        easiest = min(needs, key=needs.get) if needs else None
         report_drafts[name] = {"rows": per_gamma, "best_gamma": best["gamma"], "best_speedup": best["speedup"],
                                "best_verdict": best["verdict"],
-                               "alpha_needed": needs.get(easiest), "alpha_needed_gamma": easiest,
-                               "perfect_draft_speedup": perfect_draft_speedup(costs, guess, gammas)}
+                               **draft_costs(costs, counts, guess_counts(drafts[name], context), name, per_gamma,
+                                                TARGET_SPEEDUP)}
     ranked = sorted(report_drafts, key=lambda n: -report_drafts[n]["best_speedup"])
     better = ranked[0]
     best_timing = lambda n: per_token[n, report_drafts[n]["best_gamma"]]  # noqa: E731
@@ -369,11 +365,12 @@ def _measure(model, tokenizer, drafts, prompts, gammas, new_tokens, rounds, with
         "drafts": {name: _describe(d) for name, d in drafts.items()},
         "prompts": [tokenizer.decode(p[0, 1:].tolist()) for p in prompts],
         "new_tokens": new_tokens, "total_tokens": total, "rounds": rounds, "gammas": list(gammas), "context": context,
-        "plain_us_per_token": plain_us,
-        "plain_spread_us": (1e6 * per_token["plain"].low, 1e6 * per_token["plain"].high),
+        "plain_us_per_token": 1e6 * plain.median, "plain_spread_us": (1e6 * plain.low, 1e6 * plain.high),
         "step_us": 1e6 * step.median, "step_spread_us": (1e6 * step.low, 1e6 * step.high),
-        "plain_vs_step": verdict(per_token["plain"], step),
+        "plain_vs_step": verdict(plain, step),
+        "plain_too_busy": too_busy(step, plain) if contradicts(step, plain) else None,
         "costs": costs,
+        "counts": counts,
         "results": report_drafts,
         "better_draft": better,
         "better_vs_next": better_vs_next,
@@ -439,62 +436,50 @@ def _transformers_rows(model, drafts, prompts, new_tokens, report_drafts, refere
 
 
 def format_report(report: dict) -> str:
-    """The report as text tables."""
-    lines = [f"kvlib speculate: greedy, {len(report['prompts'])} prompts x {report['new_tokens']} new tokens, "
-             f"medians of {report['rounds']} rounds, taking turns",
-             f"{describe_machine(report['machine'])}; timed on {report['machine']['threads']} thread(s)",
-             f"plain greedy on the fast path: {report['plain_us_per_token']:.0f} µs/token "
-             f"({report['plain_spread_us'][0]:.0f}-{report['plain_spread_us'][1]:.0f}); one decode step in the same "
-             f"rounds: {report['step_us']:.0f} µs ({report['step_spread_us'][0]:.0f}-{report['step_spread_us'][1]:.0f}), "
-             f"so plain greedy costs {report['plain_us_per_token'] / report['step_us']:.2f} steps a token (the step, "
-             f"the loop around it, the prompt's prefill shared out; against the step: {report['plain_vs_step']})",
-             ""]
-    c = report["costs"]
-    step = c["step_us"]
-    at = f"after {c['context']} cached tokens" if "context" in c else "at a context not recorded"
-    lines.append(f"costs {at} (the runs' mean: {report['context']}), in decode steps of "
-                 f"their own {c['rounds']} interleaved rounds (the model column multiplies them by this run's step; "
-                 f"'vs model' compares the rounds' times with the model's, round by round): verify pass of T tokens: "
-                 + ", ".join(f"T={T} {us / step:.2f}" for T, us in c["verify_us"].items()))
-    lines.append("       the head's product alone over T rows, in one-row products: "
-                 + ", ".join(f"T={T} {us / c['head_us'][1]:.1f}" for T, us in c["head_us"].items()))
-    lines.append("       one guess: " + ", ".join(f"{n} {us / step:.2f}" for n, us in c["guess_us"].items()))
-    for name, res in report["results"].items():
-        lines += ["", f"draft: {name} {report['drafts'][name]}",
-                  f"  {'γ':>2s} {'α':>5s} {'tok/call':>8s} {'full':>5s} {'formula':>7s} {'µs/tok':>7s} {'model':>7s} "
-                  f"{'vs model':>12s} {'speed-up':>8s} {'verdict':>12s} same tokens"]
-        for r in res["rows"]:
-            lines.append(f"  {r['gamma']:2d} {r['alpha']:5.2f} {r['tokens_per_call']:8.2f} {r['tokens_per_full_round']:5.2f} "
-                         f"{r['formula']:7.2f} "
-                         f"{r['us_per_token']:7.0f} {r['modelled_us_per_token']:7.0f} {r['vs_model']:>12s} "
-                         f"{r['speedup']:7.2f}x "
-                         f"{r['verdict']:>12s} {r['same_tokens']}" + (f" ({r['near_ties']} near-tie)" if r["near_ties"] else ""))
-        need = res["alpha_needed"]
-        goal = (f"{report['target_speedup']}x is out of reach at every γ swept, even at α = 1" if need is None else
-                f"{report['target_speedup']}x needs α >= {need:.2f} (at γ = {res['alpha_needed_gamma']}, the γ swept "
-                f"that needs least)")
-        steps = round_us(c, c["guess_us"][name], res["best_gamma"]) / c["step_us"]
-        lines.append(f"  best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x over plain greedy "
-                     f"({res['best_verdict']}); a round there costs {steps:.2f} decode steps")
-        lines.append(f"  over bare decode steps: {goal}; a draft always right could give "
-                     f"{res['perfect_draft_speedup']:.2f}x at the best γ swept")
-    ties = sum(r["near_ties"] for res in report["results"].values() for r in res["rows"])
-    lines += [f"near-ties:{near_tie_note(ties)}"] if ties else []
-    better = report["better_draft"]
-    lines += ["", f"draft with the best median: {better}, {report['results'][better]['best_speedup']:.2f}x over plain "
-                  f"greedy (against the next draft's best: {report['better_vs_next']}); target >= "
-                  f"{report['target_speedup']}x and faster than plain greedy in every round: "
-                  f"{'met' if report['target_met'] else 'NOT met'} "
-                  f"in this run"]
-    hf = report["transformers"]
+    """The report as text: what was seen first (α, tokens a round, time per token against plain greedy), then the
+    cost model that explains it, counted (the same on every machine) and timed (this machine's reading)."""
+    r, c = report, report["costs"]
+    spread = lambda lo_hi: f"{lo_hi[0]:.0f}-{lo_hi[1]:.0f}"  # noqa: E731
+    lines = [f"kvlib speculate: greedy, {len(r['prompts'])} prompts x {r['new_tokens']} new tokens, every draft at γ = "
+             f"{', '.join(map(str, r['gammas']))} and plain greedy, medians of {r['rounds']} rounds, taking turns",
+             f"{describe_machine(r['machine'])}; timed on {r['machine']['threads']} thread(s)",
+             "plain greedy: " + (r["plain_too_busy"] or
+                                 f"{r['plain_us_per_token']:.0f} µs a token ({spread(r['plain_spread_us'])}); one decode "
+                                 f"step in the same rounds: {r['step_us']:.0f} µs ({spread(r['step_spread_us'])}): a "
+                                 f"greedy token cost {r['plain_us_per_token'] / r['step_us']:.2f} decode steps"),
+             "", f"{'draft':16s} {'γ':>2s} {'α':>5s} {'tokens/round':>12s}  {'µs/token (spread)':>18s}  against plain greedy"]
+    for name, res in r["results"].items():
+        for i, row in enumerate(res["rows"]):
+            timed = row["too_busy"] or (f"{row['us_per_token']:6.0f} ({row['low_us']:.0f}-{row['high_us']:.0f})".rjust(18)
+                                        + f"  {row['speedup']:.2f}x, {row['verdict']}")
+            lines.append(f"{name if i == 0 else '':16s} {row['gamma']:2d} {row['alpha']:5.2f} {row['tokens_per_call']:12.2f}"
+                         f"  {timed}" + ("" if row["same_tokens"] else "  (tokens differ from plain greedy)"))
+    ties = sum(row["near_ties"] for res in r["results"].values() for row in res["rows"])
+    differ = any(not row["same_tokens"] for res in r["results"].values() for row in res["rows"])
+    lines.append(("some runs wrote other tokens than plain greedy" if differ else
+                  "every run wrote plain greedy's tokens") + (f"; near-ties:{near_tie_note(ties)}" if ties else ""))
+    lines += ["", "counted, the same on every machine: a round (γ guesses, one verify pass of γ + 1 tokens) costs at least "
+                  "the smallest of its ratios to a decode step in operator calls, weights read and FLOPs"]
+    lines += [f"  {name:16s} {describe_counted(res, r['target_speedup'])}" for name, res in r["results"].items()]
+    busy = next((line for line in c["too_busy"].values() if line), None)
+    passes = ", ".join(f"T={T} {us / c['step_us']:.2f}" for T, us in c["verify_us"].items() if T > 1)
+    lines += ["", f"timed, this machine: pieces after {c['context']} cached tokens, medians of {c['rounds']} rounds: "
+                  + (busy or f"a verify pass of T tokens cost {passes} decode steps") + "; one more guess: "
+                  + ", ".join(f"{n} {us / c['step_us']:.2f}" for n, us in c["guess_us"].items()) + " steps"]
+    lines += [f"  {name:16s} best γ = {res['best_gamma']}: {res['best_speedup']:.2f}x plain greedy ({res['best_verdict']}); "
+              + describe_timed(res, r["target_speedup"]) for name, res in r["results"].items()]
+    better = r["better_draft"]
+    lines += ["", f"draft with the best median: {better}, {r['results'][better]['best_speedup']:.2f}x over plain "
+                  f"greedy (against the next draft's best: {r['better_vs_next']}); target >= {r['target_speedup']}x "
+                  f"and faster than plain greedy in every round: {'met' if r['target_met'] else 'NOT met'} in this run"]
+    hf = r["transformers"]
     if hf.get("used"):
         lines.append(f"transformers {hf['version']}, the same weights, in interleaved rounds of their own:")
-        for name, r in hf["rows"].items():
-            at = "" if r["gamma"] is None else f", γ = {r['gamma']}"
-            lines.append(f"  {name}{at}: " + (r["error"] if "error" in r else
-                         f"{r['us_per_token']:.0f} µs/token ({r['spread_us'][0]:.0f}-{r['spread_us'][1]:.0f}), "
-                         f"same tokens {r['same_tokens']}"
-                         + (f"; against its plain generate: {r['vs_plain']}" if "vs_plain" in r else "")))
+        for name, row in hf["rows"].items():
+            at = "" if row["gamma"] is None else f", γ = {row['gamma']}"
+            lines.append(f"  {name}{at}: " + (row["error"] if "error" in row else
+                         f"{row['us_per_token']:.0f} µs/token ({spread(row['spread_us'])}), same tokens {row['same_tokens']}"
+                         + (f"; against its plain generate: {row['vs_plain']}" if "vs_plain" in row else "")))
     else:
         lines.append("transformers: " + ("not measured" if hf["installed"] else "not installed"))
     return "\n".join(lines)

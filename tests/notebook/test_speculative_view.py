@@ -1,4 +1,5 @@
-"""Notebook 8's round-by-round view: rounds, colours, α, reset, bad prompts, the static copy."""
+"""Notebook 8's round-by-round view: rounds, colours, α, reset, bad prompts, the static copy; and the counts its
+exercise prose quotes."""
 import html
 
 import pytest
@@ -149,3 +150,32 @@ def test_the_text_comes_with_its_english():
     glossed = english_html("独在异乡为异客，月明。", "月明。")        # no translation: the new characters' glosses
     assert "月 moon" in glossed and "明 bright" in glossed and "。" not in glossed
     assert english_html("独在异乡为异客，", "，") == ""                # nothing with a gloss: no line at all
+
+
+def test_notebook_8_counts_its_exercise_checks_cases_in_words():
+    """The prose above each exercise cell says how many cases its check tries: it must match the check."""
+    import json
+    import re
+
+    from kvlib.notebook import catalog
+    from kvlib.notebook.exercises import check_best_gamma, check_blocks_to_free
+    from kvlib.notebook.exercises.speculative_decoding import BLOCK_CASES
+
+    words = {n: w for n, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+    cells = json.loads(catalog.by_file("08_speculative_decoding.ipynb").path.read_text(encoding="utf-8"))["cells"]
+    prose = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    settings = len(inspect_default(check_best_gamma, "cases"))
+    assert f"the check tries {words[settings]} settings of α" in prose
+    by_8 = sum(size == 8 for *_, size in BLOCK_CASES)
+    assert f"the check tries {words[len(BLOCK_CASES)]} roll-backs, {words[by_8]} of them with blocks of 8" in prose
+    assert inspect_default(check_blocks_to_free, "cases") == BLOCK_CASES
+    assert not re.search(r"the check tries \w+ (settings|roll-backs)", prose.replace(
+        f"the check tries {words[settings]} settings", "").replace(f"the check tries {words[len(BLOCK_CASES)]} roll-backs", ""))
+
+
+def inspect_default(fn, name):
+    """The default of ``fn``'s parameter ``name`` (through the decorator's ``__wrapped__``)."""
+    import inspect
+
+    return inspect.signature(inspect.unwrap(fn)).parameters[name].default
+

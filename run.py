@@ -26,7 +26,7 @@ VENV = ROOT / ".venv"
 LOCK = ROOT / "requirements-lock.txt"
 LAB_SETTINGS = ROOT / "notebooks" / "jupyterlab-settings.json"
 INPUTS = [ROOT / "pyproject.toml", LOCK, LAB_SETTINGS]  # a change to any of them redoes the set-up
-EXTRAS = "lab,test,bench,data"
+EXTRAS = "lab,test,bench,data,server"
 # The unit tests load only the plugin they use (xdist) and take pyproject's addopts without nbval's
 # options: nbval's Jupyter imports and hypothesis's rewriting would cost every worker seconds.
 UNIT_ARGS = ["--disable-plugin-autoload", "-p", "xdist.plugin", "-o", "addopts=-ra --import-mode=importlib"]

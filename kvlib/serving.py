@@ -100,6 +100,7 @@ class RequestState:
     finish: float | None = None
     preemptions: int = 0
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per new token: the top ``request.logprobs``
+    cached_tokens: int = 0           # prompt tokens its first prefill found in the pool (prefix caching)
     generator: torch.Generator = field(init=False)
     banned: torch.Tensor | None = field(init=False)   # (V,) mask, None when nothing is banned
 
@@ -137,12 +138,15 @@ class RequestState:
         nothing, else a draw with its own settings and generator; the model's top log-probabilities kept if asked."""
         if self.banned is not None:
             logits = ban(logits, self.banned)
-        if self.request.logprobs:
-            top = logits.float().log_softmax(-1)[0].topk(self.request.logprobs)
-            self.logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist())))
         if self.request.sampling.greedy and self.banned is None:
-            return greedy_token
-        return int(sample_next(logits, *self.request.sampling, generator=self.generator))
+            token = greedy_token
+        else:
+            token = int(sample_next(logits, *self.request.sampling, generator=self.generator))
+        if self.request.logprobs:  # the top ones, and the chosen token's (it may be outside them when sampled)
+            logp = logits.float().log_softmax(-1)[0]                                   # (V,)
+            top = logp.topk(self.request.logprobs)
+            self.logprobs.append(dict(zip(top.indices.tolist(), top.values.tolist())) | {token: float(logp[token])})
+        return token
 
 
 @dataclass
@@ -208,9 +212,9 @@ class Engine:
         self.released: dict[int, list[int]] = {}      # blocks given back in the current step, per sequence
 
     @one_thread_at_a_time
-    def add(self, request: Request) -> None:
-        """Queue a copy of the request (changing it afterwards changes nothing here); refused, and nothing queued,
-        if it cannot fit the model or repeats an id."""
+    def add(self, request: Request) -> RequestState:
+        """Queue a copy of the request (changing it afterwards changes nothing here) and return its state, which
+        the engine updates as it runs; refused, and nothing queued, if it cannot fit the model or repeats an id."""
         if not isinstance(request, Request):
             raise TypeError(f"request must be a kvlib.serving.Request, got {type(request).__name__}")
         request.__post_init__()  # again: its fields may have been changed since it was made
@@ -222,6 +226,7 @@ class Engine:
             V = self.model.config.vocab_size
             seq.banned = token_mask(check_banned(list(request.banned), V), V)
         self.waiting.append(seq)
+        return seq
 
     @one_thread_at_a_time
     def abort(self, request_id: int) -> bool:
@@ -290,7 +295,11 @@ class Engine:
         for _ in admitted:
             self.waiting.popleft()
         if admitted:
-            new = [seq.tokens[self.cache.add_sequence(seq.id, seq.tokens):] for seq in admitted]  # past prefix hits
+            new = []
+            for seq in admitted:
+                hits = self.cache.add_sequence(seq.id, seq.tokens)
+                seq.cached_tokens = seq.cached_tokens if seq.preemptions else hits  # what the first prefill found
+                new.append(seq.tokens[hits:])                                        # computed past the hits
             return Scheduled("prefill", admitted, new, admitted=admitted)
         if self.running:
             preempted = self.preempt_for_decode()
@@ -355,14 +364,15 @@ class Engine:
         """What a step changes, put back if it raises (a refusal, an interrupt): every request's state and
         output, the queues, the history, and the cache (its own transaction)."""
         before = [(s, s.state, s.preemptions, len(s.output), len(s.logprobs), s.generator.get_state(), s.first_token,
-                   s.finish) for s in (*self.waiting, *self.running)]
+                   s.finish, s.cached_tokens) for s in (*self.waiting, *self.running)]
         queues = (deque(self.waiting), list(self.running), len(self.finished), len(self.history), self.released)
         try:
             with self.cache.transaction():
                 yield
         except BaseException:
-            for seq, state, preemptions, n_out, n_logprobs, drawn, first, finish in before:
+            for seq, state, preemptions, n_out, n_logprobs, drawn, first, finish, cached in before:
                 seq.state, seq.preemptions, seq.first_token, seq.finish = state, preemptions, first, finish
+                seq.cached_tokens = cached
                 del seq.output[n_out:], seq.logprobs[n_logprobs:]
                 seq.generator.set_state(drawn)
             self.waiting, self.running, n_finished, n_history, self.released = queues

@@ -74,7 +74,7 @@ def test_logprobs_are_the_models_top_tokens_at_each_step(shipped_char):
     model, _ = shipped_char
     _, done = serve(model, [Request(0, PROMPTS[1], 8, logprobs=5)])
     seq = done[0]
-    assert len(seq.logprobs) == 8 and all(len(step) == 5 for step in seq.logprobs)
+    assert len(seq.logprobs) == 8 and all(len(step) == 5 for step in seq.logprobs)  # greedy: the chosen is the top
     for token, top in zip(seq.output, seq.logprobs):
         assert max(top, key=top.get) == token                      # greedy writes the most likely token
         assert all(v <= 0 for v in top.values())

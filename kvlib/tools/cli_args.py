@@ -1,8 +1,9 @@
-"""The command line's parsers: numbers as people type them, each bounded and named with its range, and an
-argparse that answers a usage error in one line (used by :mod:`kvlib.tools.cli`)."""
+"""The command line's parsers: numbers as people type them, each bounded and named with its range, an
+argparse that answers a usage error in one line, and the JSON the commands print (used by :mod:`kvlib.tools.cli`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 from .traces import MAX_RATE, MIN_RATE
@@ -91,3 +92,22 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+port = bounded(int, 1, 65_535, "a port number")
+MAX_IN_FLIGHT = 1_000  # requests a server holds at once (waiting and running); beyond it, 503
+in_flight = bounded(int, 1, MAX_IN_FLIGHT, "a whole number of requests")
+
+
+def rounded(obj, digits: int = 4):
+    """``obj`` with every float rounded to ``digits`` significant digits, for reading (lists, tuples, dicts inside)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def to_json(obj, indent: int | None = 2) -> str:
+    """The commands' JSON: floats to 4 significant digits, Chinese as it is, anything else as its str."""
+    return json.dumps(rounded(obj), indent=indent, ensure_ascii=False, default=str)

@@ -201,7 +201,7 @@ def test_demo_timing_is_one_timeline_per_run():
 
 
 def test_json_floats_are_rounded_for_reading():
-    from kvlib.tools.cli import rounded, to_json
+    from kvlib.tools.cli_args import rounded, to_json
 
     assert rounded({"a": 0.123456789, "b": [1.0 / 3, 2], "c": (1234567.0, "x"), "d": 3.7314711104592822e-06}) == \
         {"a": 0.1235, "b": [0.3333, 2], "c": [1235000.0, "x"], "d": 3.731e-06}
@@ -252,7 +252,8 @@ def test_the_sweep_finds_every_number_option():
     assert {("train", "--threads"), ("train", "--steps"), ("train", "--batch-size"), ("train", "--lr"),
             ("evaluate", "--poems"), ("evaluate", "--show"), ("generate", "--max-new-tokens"),
             ("generate", "--temperature"), ("generate", "--top-p"), ("serve", "--requests")} <= found
-    assert len(found) == 19  # with --top-k, --seed (3), --rate, --new-tokens, --rounds, --texts, --length
+    assert len(found) == 21  # with --top-k, --seed (3), --rate, --new-tokens, --rounds, --texts, --length,
+    #                           server's --port and --max-in-flight
 
 
 @pytest.mark.parametrize("argv, allowed", [

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..checks import check_int, check_model, check_real
+from .ct2_peer import CT2_EXTRA, CT2Peer, batch_rows, ctranslate2_available, format_batch
+from .op_counts import CountOps, aten_calls, aten_calls_per_step  # noqa: F401  (notebooks 5 and 8 use them here)
 from ..decoding import generate, generate_uncached
 from ..model import GPT, GPTConfig
+from ..verify import greedy_agreement
 from .timing import MAX_THREADS, Timing, describe_machine, interleaved, machine, verdict
 from .timing import threads as thread_count
 
@@ -25,9 +27,10 @@ BENCH_EXTRA = "pip install -e .[bench]"
 SHIPPED_SHAPE = GPTConfig(vocab_size=7184)  # tang-char: 4 layers, 4 heads, 128 channels, block 128
 PROMPT = "白日依山尽，黄河入海流。欲穷千里"  # 16 characters, 16 tokens of tang-char
 NEW_TOKENS = (32, 64, 100, 112)  # 16 + 112 = 128: every run fits the block
-PATHS = ("fast", "model", "recompute", "transformers")
+PATHS = ("fast", "model", "recompute", "transformers", "ctranslate2")
 PATH_NAMES = {"fast": "fast path (FastDecoder)", "model": "cached loop (model + KVCache)",
-              "recompute": "recompute loop (head on last position)", "transformers": "transformers generate"}
+              "recompute": "recompute loop (head on last position)", "transformers": "transformers generate",
+              "ctranslate2": "CTranslate2 generate_batch (C++)"}
 TARGETS = {"vs_recompute": 8.0, "vs_transformers": 4.0, "aten_calls": 60}
 
 
@@ -62,52 +65,6 @@ def compare(model: GPT, idx: torch.Tensor, max_new_tokens: int, min_run_time: fl
             "cached_spread_ms": [cached.low * 1e3, cached.high * 1e3],
             "uncached_spread_ms": [uncached.low * 1e3, uncached.high * 1e3],
             "speedup": uncached.median / cached.median, "verdict": verdict(cached, uncached)}
-
-
-class CountOps(TorchDispatchMode):
-    """Counts the ATen operators dispatched inside the ``with`` block (and keeps their names).
-
-    Under ``torch.inference_mode()`` composite operators such as ``layer_norm`` or
-    ``scaled_dot_product_attention`` arrive as one call each; outside it autograd splits some of them.
-    """
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # Nothing is compiled inside this mode, so its handler needs no torch.compile guard;
-        # without this, the first count imports torch._dynamo, which takes seconds.
-        return False
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        self.names.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
-
-
-def aten_calls(fn) -> int:
-    """ATen calls made by ``fn()``, counted under ``torch.inference_mode()``."""
-    with torch.inference_mode(), CountOps() as ops:
-        fn()
-    return ops.count
-
-
-def aten_calls_per_step(loop, steps: int = 8) -> float:
-    """ATen calls per decode step of ``loop(n)`` (greedy decoding of n new tokens), loop included.
-
-    The difference between ``steps + 1`` and 1 new tokens, divided by ``steps``: the prefill, the
-    set-up and the first token cancel out; sampling and bookkeeping of each step stay in. One
-    uncounted run first builds what is built once per model (the fast path's step weights). The
-    ``steps + 1`` tokens must fit the loop's block: a loop that stops early makes fewer steps than it is
-    divided by.
-    """
-    check_int("steps", steps, 1, 10_000)
-    with torch.inference_mode():
-        loop(1)
-    return (aten_calls(lambda: loop(steps + 1)) - aten_calls(lambda: loop(1))) / steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +203,18 @@ def bench_model():
                         "16-token prompt (the timings hold for any weights)")
 
 
+def shipped_tokenizer(note: str):
+    """The shipped tang-char tokenizer when :func:`bench_model` gave the shipped model (CTranslate2 needs it), else None."""
+    from .loading import load_pretrained
+
+    return load_pretrained("tang-char")[1] if note.startswith("shipped") else None
+
+
+def batch_prompts(model: GPT, idx: torch.Tensor, rows: int = 8) -> list[list[int]]:
+    """``rows`` prompts of ``idx``'s length for the batch comparison: the prompt, rotated by 0 … rows - 1 tokens."""
+    return [idx[0].roll(k).tolist() for k in range(rows)]
+
+
 def _transformers_info(hf) -> dict:
     info = {"used": hf is not None, "installed": transformers_available()}
     if hf is not None:
@@ -261,7 +230,7 @@ def _seeded_model(config: GPTConfig, seed: int = 0) -> GPT:
         return GPT(config).eval()
 
 
-def _loops(model: GPT, idx: torch.Tensor, hf) -> dict:
+def _loops(model: GPT, idx: torch.Tensor, hf, peer=None) -> dict:
     """One callable per path: ``loop(n)`` decodes n greedy tokens and returns all tokens (1, T + n)."""
     recompute = recompute_forward(model)
     block = model.config.block_size
@@ -272,13 +241,15 @@ def _loops(model: GPT, idx: torch.Tensor, hf) -> dict:
     }
     if hf is not None:
         loops["transformers"] = lambda n: transformers_generate(hf, idx, n)
+    if peer is not None:
+        loops["ctranslate2"] = lambda n: peer.greedy(idx.tolist(), n)
     return loops
 
 
 def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None,
               idx: torch.Tensor | None = None, prompt_length: int = 16, new_tokens=NEW_TOKENS, rounds: int = 5,
               max_seconds: float = 6.0, peak_seconds: float = 0.3, peak_n: int = 1024,
-              with_transformers: bool = True) -> dict:
+              with_transformers: bool = True, tokenizer=None) -> dict:
     """Time greedy decoding on every path, for each thread count and number of new tokens.
 
     Returns a JSON-serialisable report (``format_report`` prints it as tables); the progress bar
@@ -293,6 +264,7 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     if model is None:
         model, default_idx, note = bench_model()
         idx = default_idx if idx is None else idx
+        tokenizer = tokenizer or shipped_tokenizer(note)
     else:
         check_model(model)
         note = "model given by the caller"
@@ -314,7 +286,7 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     model.eval()
     try:
         return _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds,
-                          peak_n, with_transformers)
+                          peak_n, with_transformers, tokenizer)
     finally:
         model.train(training)
 
@@ -327,20 +299,23 @@ def _counts(name: str, values, most: int) -> tuple[int, ...]:
 
 
 def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds, peak_n,
-               with_transformers) -> dict:
+               with_transformers, tokenizer) -> dict:
     """:func:`run_bench`'s work, on checked arguments."""
     from tqdm.auto import tqdm
 
     cfg, P = model.config, idx.shape[1]
     hf = to_transformers(model) if with_transformers and transformers_available() else None
-    loops = _loops(model, idx, hf)
+    peer = CT2Peer(model, tokenizer) if with_transformers and tokenizer is not None and ctranslate2_available() else None
+    loops = _loops(model, idx, hf, peer)
     paths = [p for p in PATHS if p in loops]
 
-    # Same tokens on every path, and ATen calls per step (the same for any thread count).
+    # Same tokens on every path (up to near-ties), and ATen calls per step (the same for any thread count).
     with thread_count(1):
-        reference = loops["fast"](max(new_tokens))
-        tokens_equal = {p: bool(torch.equal(loops[p](max(new_tokens)), reference)) for p in paths}
-        calls = {p: aten_calls_per_step(loops[p]) for p in paths}
+        reference = loops["fast"](max(new_tokens))[0, P:]
+        tokens_equal = {p: greedy_agreement(model, idx[0], loops[p](max(new_tokens))[0, P:], reference) != "differ"
+                        for p in paths}
+        calls = {p: aten_calls_per_step(loops[p]) for p in paths if p != "ctranslate2"}  # C++: no ATen calls
+        peer_check = peer.check(idx[0].tolist(), max(new_tokens)) if peer else None
 
     rows, peaks = [], {}
     bar = tqdm(total=len(threads) * (1 + len(new_tokens) * rounds), desc="bench", unit="step",
@@ -359,7 +334,7 @@ def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seco
                 floor_us = decode_flops(cfg, P, n) / peaks[t] * 1e6
                 for p in paths:
                     seconds = timed[p].median
-                    hf_t = timed.get("transformers")
+                    hf_t, ct2_t = timed.get("transformers"), timed.get("ctranslate2")
                     rows.append({"threads": t, "new_tokens": n, "path": p, "median_s": seconds,
                                  "low_s": timed[p].low, "high_s": timed[p].high, "rounds": len(timed[p].rounds),
                                  "tokens_per_s": n / seconds, "us_per_token": seconds / n * 1e6,
@@ -367,7 +342,9 @@ def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seco
                                  "speedup_vs_recompute": timed["recompute"].median / seconds,
                                  "verdict_vs_recompute": verdict(timed[p], timed["recompute"]),
                                  "speedup_vs_transformers": hf_t.median / seconds if hf_t else None,
-                                 "verdict_vs_transformers": verdict(timed[p], hf_t) if hf_t else None})
+                                 "verdict_vs_transformers": verdict(timed[p], hf_t) if hf_t else None,
+                                 "speedup_vs_ctranslate2": ct2_t.median / seconds if ct2_t else None,
+                                 "verdict_vs_ctranslate2": verdict(timed[p], ct2_t) if ct2_t else None})
     finally:
         bar.close()
 
@@ -381,6 +358,10 @@ def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seco
         "threads": list(threads),
         "paths": paths,
         "transformers": _transformers_info(hf),
+        "ctranslate2": {"used": peer is not None, "version": peer.version if peer else None, "check": peer_check,
+                        "install": None if ctranslate2_available() else CT2_EXTRA,
+                        "batch": batch_rows(model, peer, batch_prompts(model, idx), max(new_tokens), rounds, 1)
+                        if peer else None},
         "tokens_equal": tokens_equal,
         "aten_calls_per_step": calls,
         "aten_mode": ("TorchDispatchMode under torch.inference_mode(), the whole loop step "
@@ -432,27 +413,39 @@ def format_report(report: dict) -> str:
                      f"{hf['cache']} cache, do_sample=False, min_new_tokens = max_new_tokens")
     else:
         lines.append(f"transformers: {missing}")
+    ct2 = report.get("ctranslate2") or {}
+    if ct2.get("used"):
+        c = ct2["check"]
+        lines.append(f"CTranslate2 {ct2['version']}: our weights exported and converted; logits within "
+                     f"{c['max_abs_logit_diff']:.1e} of ours, greedy tokens against the fast path's: {c['greedy_tokens']}")
+    else:
+        lines.append("CTranslate2: " + (f"not installed: {ct2['install']}" if ct2.get("install") else "not measured"))
     for t in report["threads"]:
         peak = report["peak_matmul_gflops"][str(t)]
         lines += ["", f"{t} thread(s); peak fp32 matmul {peak:.0f} GFLOP/s",
                   f"  {'path':40s} {'new':>4s} {'ms':>8s} {'range':>13s} {'tok/s':>7s} {'µs/tok':>7s} {'floor':>6s} "
-                  f"{'x floor':>7s} {'vs recompute':>25s} {'vs transformers':>25s}"]
+                  f"{'x floor':>7s} {'vs recompute':>25s} {'vs transformers':>25s} {'vs CTranslate2':>25s}"]
         for n in report["new_tokens"]:
             for r in (r for r in report["rows"] if r["threads"] == t and r["new_tokens"] == n):
                 vs_hf = ("" if r["speedup_vs_transformers"] is None or r["path"] == "transformers" else
                          f"{r['speedup_vs_transformers']:.2f}x {r['verdict_vs_transformers']}")
                 vs_re = "" if r["path"] == "recompute" else f"{r['speedup_vs_recompute']:.2f}x {r['verdict_vs_recompute']}"
+                vs_ct = ("" if r.get("speedup_vs_ctranslate2") is None or r["path"] == "ctranslate2" else
+                         f"{r['speedup_vs_ctranslate2']:.2f}x {r['verdict_vs_ctranslate2']}")
                 spread = f"{r['low_s'] * 1e3:.1f}-{r['high_s'] * 1e3:.1f}"
                 lines.append(
                     f"  {PATH_NAMES[r['path']]:40s} {n:4d} {r['median_s'] * 1e3:8.1f} {spread:>13s} "
                     f"{r['tokens_per_s']:7.0f} {r['us_per_token']:7.0f} {r['floor_us_per_token']:6.0f} "
-                    f"{r['x_floor']:7.1f} {vs_re:>25s} {vs_hf:>25s}")
+                    f"{r['x_floor']:7.1f} {vs_re:>25s} {vs_hf:>25s} {vs_ct:>25s}")
             if missing:
                 lines.append(f"  {PATH_NAMES['transformers']:40s} {n:4d}  {missing}")
+    if ct2.get("batch"):
+        lines += ["", format_batch(ct2["batch"])]
     lines += ["", f"ATen calls per decode step ({report['aten_mode']}):"]
-    for p, c in report["aten_calls_per_step"].items():
-        same = "same tokens as the fast path" if report["tokens_equal"][p] else "TOKENS DIFFER from the fast path"
-        lines.append(f"  {PATH_NAMES[p]:40s} {c:6.1f}   {same}")
+    for p, same in report["tokens_equal"].items():
+        c = report["aten_calls_per_step"].get(p)
+        same = "same tokens as the fast path (up to near-ties)" if same else "TOKENS DIFFER from the fast path"
+        lines.append(f"  {PATH_NAMES[p]:40s} {'C++' if c is None else f'{c:6.1f}':>6s}   {same}")
     tg = report.get("targets")
     if tg:
         def met_word(x):

@@ -185,7 +185,7 @@ def _library_calls():
         "peak_matmul_flops": lambda m, t: bench.peak_matmul_flops(n=64, min_run_time=0.01),
         "run_bench": lambda m, t: bench.run_bench(threads=(1,), progress=False, model=m, new_tokens=(4,), rounds=1,
                                                    max_seconds=0.1, peak_seconds=0.01, peak_n=64,
-                                                   with_transformers=False),
+                                                   with_transformers=False, with_compiled=False),
         "generate": lambda m, t: generate.generate(m, torch.tensor([[0, 5, 6]]), 8, generator=_gen(), top_p=0.9),
         "generate_uncached": lambda m, t: generate.generate_uncached(m, torch.tensor([[0, 5]]), 8, block_size=64,
                                                                       generator=_gen(), top_k=5),

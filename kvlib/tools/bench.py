@@ -15,6 +15,7 @@ from functools import partial
 import torch
 
 from ..checks import check_int, check_model, check_real
+from .compiled_step import compiled_report, compiler_available, format_compiled
 from .ct2_peer import CT2_EXTRA, CT2Peer, batch_rows, ctranslate2_available, format_batch
 from .op_counts import CountOps, aten_calls, aten_calls_per_step  # noqa: F401  (notebooks 5 and 8 use them here)
 from ..decoding import generate, generate_uncached
@@ -249,7 +250,7 @@ def _loops(model: GPT, idx: torch.Tensor, hf, peer=None) -> dict:
 def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None,
               idx: torch.Tensor | None = None, prompt_length: int = 16, new_tokens=NEW_TOKENS, rounds: int = 5,
               max_seconds: float = 6.0, peak_seconds: float = 0.3, peak_n: int = 1024,
-              with_transformers: bool = True, tokenizer=None) -> dict:
+              with_transformers: bool = True, tokenizer=None, with_compiled: bool = True) -> dict:
     """Time greedy decoding on every path, for each thread count and number of new tokens.
 
     Returns a JSON-serialisable report (``format_report`` prints it as tables); the progress bar
@@ -286,7 +287,7 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     model.eval()
     try:
         return _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds,
-                          peak_n, with_transformers, tokenizer)
+                          peak_n, with_transformers, tokenizer, with_compiled)
     finally:
         model.train(training)
 
@@ -299,7 +300,7 @@ def _counts(name: str, values, most: int) -> tuple[int, ...]:
 
 
 def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seconds, peak_seconds, peak_n,
-               with_transformers, tokenizer) -> dict:
+               with_transformers, tokenizer, with_compiled) -> dict:
     """:func:`run_bench`'s work, on checked arguments."""
     from tqdm.auto import tqdm
 
@@ -362,6 +363,8 @@ def _run_bench(model, idx, note, threads, new_tokens, progress, rounds, max_seco
                         "install": None if ctranslate2_available() else CT2_EXTRA,
                         "batch": batch_rows(model, peer, batch_prompts(model, idx), max(new_tokens), rounds, 1)
                         if peer else None},
+        "compiled": compiled_report(model, idx, max(new_tokens), rounds, peer)
+        if with_compiled and compiler_available() else None,
         "tokens_equal": tokens_equal,
         "aten_calls_per_step": calls,
         "aten_mode": ("TorchDispatchMode under torch.inference_mode(), the whole loop step "
@@ -441,6 +444,9 @@ def format_report(report: dict) -> str:
                 lines.append(f"  {PATH_NAMES['transformers']:40s} {n:4d}  {missing}")
     if ct2.get("batch"):
         lines += ["", format_batch(ct2["batch"])]
+    if report.get("compiled"):
+        t1 = [r for r in report["rows"] if r["threads"] == report["threads"][0] and r["path"] == "fast"][-1]
+        lines += ["", format_compiled(report["compiled"], t1["floor_us_per_token"])]
     lines += ["", f"ATen calls per decode step ({report['aten_mode']}):"]
     for p, same in report["tokens_equal"].items():
         c = report["aten_calls_per_step"].get(p)

@@ -12,7 +12,7 @@ from kvlib.decoding import CachedDecoder, generate
 from kvlib.model import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
-QUICK = dict(threads=(1,), prompt_length=4, new_tokens=(2, 3), rounds=1, max_seconds=0.001,
+QUICK = dict(threads=(1,), prompt_length=4, new_tokens=(2, 3), rounds=1, max_seconds=0.001, with_compiled=False,
              peak_n=32, peak_seconds=0.001, progress=False)
 
 

@@ -54,10 +54,14 @@ class CT2Peer:
     def greedy(self, prompts: list[list[int]], n: int) -> torch.Tensor:
         """(B, P + n) token ids: ``n`` greedy tokens after each prompt (all of one length P), none stopping early,
         on as many threads as PyTorch is set to use (so that interleaved rounds set both)."""
+        return torch.tensor([p + new for p, new in zip(prompts, self.greedy_ragged(prompts, n))])
+
+    def greedy_ragged(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        """``n`` greedy new tokens after each prompt (of any lengths), one batch: the new tokens of each."""
         start = [[self.vocabulary[i] for i in p] for p in prompts]
         results = self.generator(torch.get_num_threads()).generate_batch(
             start, max_length=n, sampling_topk=1, include_prompt_in_result=False, end_token=[])
-        return torch.tensor([p + r.sequences_ids[0] for p, r in zip(prompts, results)])
+        return [r.sequences_ids[0] for r in results]
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """(T, V) logits of every position of ``ids``."""

@@ -25,6 +25,7 @@ from .serving_runs import RunResult, run_continuous, run_one_at_a_time, run_stat
 from .timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import forward_flops, peak_matmul_flops, weight_bytes
+from .ct2_peer import CT2Peer, ctranslate2_available
 from .traces import make_trace
 
 SMALL_BLOCK = 8  # the fourth run's block size: less of the last block left empty
@@ -32,16 +33,17 @@ BOUND_ROUNDING = 0.002  # a share at a bound the lengths allow is met within thi
 SERVER_BOUND_SHARE = 0.5  # a trace measures the server if its last request arrives within this share of every run
 
 # What the notebook and the paper lead one to expect (printed against, never asserted).
+# Goals this machine can judge: against a peer on the same trace, or against our own static cache. How a batch's
+# step grows with its rows measures the matrix library more than the project: it is printed, not judged.
 TARGETS = {
-    "continuous_vs_static_tokens_per_s": 2.0,    # at least
+    "continuous_vs_ctranslate2_static_tokens_per_s": 1.0,  # at least: ahead of a C++ engine's static batches
     "continuous_vs_one_at_a_time_tokens_per_s": 3.0,
     "paged_memory_share": 0.90,                  # at least (vLLM paper: about 96 %)
     "paged_memory_share_block_8": 0.90,
     "static_memory_share": 0.40,                 # at most (the paper: earlier servers 20-38 %)
-    "batch_vs_single_row_decode_step": 3.0,      # at most: a batch-8 paged step against one row's
     "paged_vs_static_decode_step": 1.5,          # at most
 }
-AT_MOST = {"static_memory_share", "batch_vs_single_row_decode_step", "paged_vs_static_decode_step"}
+AT_MOST = {"static_memory_share", "paged_vs_static_decode_step"}
 
 
 def summarize(run: RunResult) -> dict:
@@ -228,6 +230,9 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
             "continuous": lambda: run_continuous(model, trace, num_blocks, max_num_seqs=max_num_seqs),
             "continuous_block_8": lambda: run_continuous(model, trace, batch_size * block // SMALL_BLOCK,
                                                          kv_block_size=SMALL_BLOCK, max_num_seqs=max_num_seqs)}
+    peer = CT2Peer(model, tokenizer) if ctranslate2_available() else None
+    if peer is not None:  # the same schedule as "static", its batches run by CTranslate2
+        ways["ctranslate2_static"] = lambda: run_static_batching(model, trace, batch_size, peer=peer)
     every = runs_in_turns(ways, repeats)
     runs = {k: median_run(v) for k, v in every.items()}
     agreement = token_agreement(model, trace, [r for rs in every.values() for r in rs], runs["one_at_a_time"])
@@ -240,14 +245,15 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
     c, s, o = (summary[k]["tokens_per_s"] for k in ("continuous", "static", "one_at_a_time"))
     lengths = [len(r.prompt) + r.max_new_tokens for r in trace]
     measured = {
-        "continuous_vs_static_tokens_per_s": c / s,
+        "continuous_vs_ctranslate2_static_tokens_per_s": c / summary["ctranslate2_static"]["tokens_per_s"]
+        if peer is not None else None,
         "continuous_vs_one_at_a_time_tokens_per_s": c / o,
         "paged_memory_share": summary["continuous"]["memory_share"],
         "paged_memory_share_block_8": summary["continuous_block_8"]["memory_share"],
         "static_memory_share": summary["static"]["memory_share"],
-        "batch_vs_single_row_decode_step": step["batch_vs_single_row"],
         "paged_vs_static_decode_step": step["paged_vs_static"],
     }
+    measured = {k: v for k, v in measured.items() if v is not None}  # no peer: no comparison with it
     # A KV-share goal past what the lengths allow (each request's last block partly empty) is printed as that bound.
     bounds = {"paged_memory_share": expected_share(trace, KV_BLOCK_SIZE),
               "paged_memory_share_block_8": expected_share(trace, SMALL_BLOCK)}
@@ -259,7 +265,8 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
         met = v <= goal if k in AT_MOST else v >= goal - (BOUND_ROUNDING if capped else 0)
         targets[k] = {"target": goal, "kind": "at most" if k in AT_MOST else "at least", "measured": v, "met": met,
                       "bound": capped}
-    verdicts = {f"continuous_vs_{k}": verdict(spans["continuous"], spans[k]) for k in ("one_at_a_time", "static")}
+    verdicts = {f"continuous_vs_{k}": verdict(spans["continuous"], spans[k])
+                for k in ("one_at_a_time", "static", "ctranslate2_static") if k in spans}
     ttfts = {k: Timing(k, tuple(statistics.mean(r.ttfts()) for r in v)) for k, v in every.items()}  # each run's mean
     ttft_verdicts = {f"continuous_vs_{k}": verdict(ttfts["continuous"], ttfts[k]) for k in ("one_at_a_time", "static")}
     # Tokens per second measure the server only while requests wait for it: if the last one arrives late in
@@ -378,7 +385,8 @@ def format_report(report: dict) -> str:
     return format_summary(report) + "\n" + format_details(report)
 
 
-NAMES = {"one_at_a_time": "one at a time (single stream)", "continuous_block_8": f"continuous, blocks of {SMALL_BLOCK}"}
+NAMES = {"one_at_a_time": "one at a time (single stream)", "continuous_block_8": f"continuous, blocks of {SMALL_BLOCK}",
+         "ctranslate2_static": "static batches of 8, CTranslate2"}
 
 
 def format_summary(report: dict) -> str:
@@ -394,14 +402,17 @@ def format_summary(report: dict) -> str:
              f"{'':36} {'tokens/s':>9} {'(spread)':>11} {'passes':>7} {'TTFT mean':>10} {'KV share':>9} {'preempt':>8}"]
     for key, r in report["runs"].items():
         spread = f"{r['tokens_per_s_low']:.0f}-{r['tokens_per_s_high']:.0f}"
+        peer = key == "ctranslate2_static"  # its batch returns whole (TTFT at most this) and keeps its own memory
+        share = f"{'n/a':>9}" if peer else f"{100 * r['memory_share']:8.1f}%"
         lines.append(f"{NAMES.get(key, r['name']):36} {r['tokens_per_s']:9.0f} {spread:>11} {r['forward_passes']:7d} "
-                     f"{r['mean_ttft_s']:9.3f}s {100 * r['memory_share']:8.1f}% {r['preemptions']:8d}")
+                     f"{'<=' if peer else '  '}{r['mean_ttft_s']:7.3f}s {share} {r['preemptions']:8d}")
     lines.append(f"same tokens in every run: {report['same_tokens']}{near_tie_note(report['near_ties'])}")
     for k, v in report["verdicts"].items():
+        t = report["ttft_verdicts"].get(k)
         lines.append(f"continuous batching against {k.removeprefix('continuous_vs_').replace('_', ' ')}: {v} "
-                     f"(makespans of every run compared); its mean time to first token: "
-                     f"{'shorter' if (t := report['ttft_verdicts'][k]) == 'faster' else 'longer' if t == 'slower' else t} "
-                     f"(each run's mean compared)")
+                     f"(makespans of every run compared)" + ("" if t is None else
+                     f"; its mean time to first token: {'shorter' if t == 'faster' else 'longer' if t == 'slower' else t} "
+                     f"(each run's mean compared)"))
     pace = report["pace"]
     lines.append(f"the last request arrived at {pace['last_arrival_s']:.3f} s, "
                  f"{100 * pace['last_arrival_s'] / pace['shortest_makespan_s']:.0f}% into the shortest run "

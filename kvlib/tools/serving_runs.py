@@ -134,11 +134,13 @@ def _run_static(model: GPT, batch: list[Request], out: RunResult, clock: Clock, 
     out.prefill_passes += 1
 
 
-def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast") -> RunResult:
+def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8, decoder: str = "fast",
+                        peer=None) -> RunResult:
     """Fixed batches in arrival order: when the server is free it takes up to ``batch_size`` arrived requests, as
     many as fit the block together (padded to the longest prompt, run until the longest answer).
 
-    ``decoder`` as in ``generate``: "fast" (the lean step, as the engine's decode) or "model".
+    ``decoder`` as in ``generate``: "fast" (the lean step, as the engine's decode) or "model". With ``peer``
+    (a :class:`~kvlib.tools.ct2_peer.CT2Peer`) the batches run in CTranslate2 instead, on the same schedule.
     """
     check_model(model)
     requests = check_requests(requests)
@@ -146,7 +148,8 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
         check_fits(model.config, r, f"requests[{i}] (id {r.id})")
     batch_size = check_int("batch_size", batch_size, 1)
     check_choice("decoder", decoder, tuple(DECODERS))
-    clock, out = Clock(), _result(f"static batches of {batch_size}, static cache", requests)
+    name = f"static batches of {batch_size}, " + ("CTranslate2" if peer is not None else "static cache")
+    clock, out = Clock(), _result(name, requests)
     queue = deque(sorted(requests, key=lambda r: r.arrival))
     while queue:
         clock.wait_until(queue[0].arrival)
@@ -154,8 +157,27 @@ def run_static_batching(model: GPT, requests: list[Request], batch_size: int = 8
         while (queue and len(batch) < batch_size and queue[0].arrival <= now
                and _fits_together(batch + [queue[0]], model.config.block_size)):
             batch.append(queue.popleft())
-        _run_static(model, batch, out, clock, decoder)
+        if peer is None:
+            _run_static(model, batch, out, clock, decoder)
+        else:
+            _run_static_peer(peer, batch, out, clock)
     return out
+
+
+def _run_static_peer(peer, batch: list[Request], out: RunResult, clock: Clock) -> None:
+    """One fixed batch through CTranslate2, run until its longest answer; its first tokens are timed when the
+    batch returns (CTranslate2 hands the batch back whole), so its time to first token is an upper bound."""
+    longest = max(r.max_new_tokens for r in batch)
+    start = clock.now()
+    written = peer.greedy_ragged([r.prompt for r in batch], longest)
+    now = clock.now()
+    for r, tokens in zip(batch, written):
+        out.tokens[r.id], out.first_token[r.id], out.finish[r.id] = tokens[: r.max_new_tokens], now, now
+    out.decode_seconds += now - start
+    out.steps += longest
+    out.computed_tokens += sum(len(r.prompt) for r in batch) + len(batch) * (longest - 1)
+    out.decode_tokens += sum(r.max_new_tokens - 1 for r in batch)
+    out.decode_rows += len(batch) * (longest - 1)
 
 
 def _fits_together(batch: list[Request], block_size: int) -> bool:

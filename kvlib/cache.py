@@ -107,10 +107,10 @@ def check_cache_shape(config, batch_size, max_len) -> tuple[int, int]:
     return batch_size, max_len
 
 
-def check_multi_head(config, what: str, instead: str = "") -> None:
-    """``what`` keeps one key/value head per query head: grouped-query and latent models are refused, with
-    what to use ``instead`` if there is something."""
-    if not config.multi_head:
+def check_multi_head(config, what: str, instead: str = "", grouped_ok: bool = False) -> None:
+    """``what`` keeps one key/value head per query head (or, with ``grouped_ok``, any number of key/value heads):
+    other models are refused, latent ones always, with what to use ``instead`` if there is something."""
+    if config.kv_latent or not (config.multi_head or grouped_ok):
         kind = f"a latent of {config.kv_latent}" if config.kv_latent else f"{config.kv_heads} key/value head(s)"
         raise ValueError(f"{what} needs a multi-head attention model's config (one key/value head per query head: "
                          f"n_kv_head=0, kv_latent=0); this config has {config.n_head} query heads and {kind}"

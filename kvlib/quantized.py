@@ -178,17 +178,17 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def quantized_bytes_per_token(config: GPTConfig, bits: int, group_size: int) -> float:
     """Bytes one quantised position takes, the full-precision window and the unfinished key group left out.
 
-    Per layer and head: keys and values ``bits / 8`` bytes a channel each, plus float16 scale and
+    Per layer and key/value head: keys and values ``bits / 8`` bytes a channel each, plus float16 scale and
     zero point (4 bytes) per channel every ``group_size`` positions (keys) and per position every
     ``group_size`` channels (values).
     """
     check_config(config, GPTConfig)
-    check_multi_head(config, "QuantizedKVCache")
+    check_multi_head(config, "QuantizedKVCache", grouped_ok=True)
     bits = check_bits(bits)
     group_size = check_group_size(config, group_size)
     param = 2 * torch.empty(0, dtype=PARAM_DTYPE).element_size()   # scale + zero point
     per_channel = 2 * bits / 8 + 2 * param / group_size              # keys and values
-    return config.n_layer * config.n_embd * per_channel
+    return config.n_layer * config.kv_heads * config.head_size * per_channel
 
 
 # ---- one layer's keys or values ------------------------------------------------------------------
@@ -305,7 +305,7 @@ class QuantizedKVCache(PositionsFromLength):
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None, *, bits: int = 4,
                  group_size: int = 16, window: int = 0):
         check_config(config, GPTConfig)
-        check_multi_head(config, "QuantizedKVCache")
+        check_multi_head(config, "QuantizedKVCache", grouped_ok=True)  # per head: any number of key/value heads
         self.batch_size, self.max_len = check_cache_shape(config, batch_size, max_len)
         self.bits = check_bits(bits)
         self.group_size = check_group_size(config, group_size)
@@ -330,7 +330,7 @@ class QuantizedKVCache(PositionsFromLength):
     def check_write(self, layer, k, v) -> None:
         """``layer`` in [0, L), k and v finite (B, H, T, D) chunks that fit the cache's room."""
         check_int("layer", layer, 0, self.config.n_layer - 1)
-        shape = (self.batch_size, self.config.n_head, None, self.config.head_size)
+        shape = (self.batch_size, self.config.kv_heads, None, self.config.head_size)
         like = next((s.residual for s in self.keys if s.residual is not None), None)
         check_in_param_range("k", check_chunk("k", k, shape, like))
         check_in_param_range("v", check_chunk("v", v, (*shape[:2], k.shape[2], shape[3]), like))

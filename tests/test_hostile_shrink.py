@@ -117,8 +117,8 @@ add("quantized", "QuantizedKVCache", "window", bad_ints(0, BLOCK), lambda w, o, 
 add("quantized", "QuantizedKVCache", "window", [(9, ValueError)], lambda w, o, v: qc(w, max_len=8, window=v))
 add("quantized", "QuantizedKVCache", "config", [("cfg", TypeError), ({"vocab_size": V}, TypeError), (None, TypeError)],
     lambda w, o, v: QuantizedKVCache(v, 1))
-add("quantized", "QuantizedKVCache", "config", [(1, ValueError), (0, ValueError)],
-    lambda w, o, v: QuantizedKVCache(replace(TINY_SHAPE, **({"n_kv_head": 1} if v else {"kv_latent": 8})), 1))
+add("quantized", "QuantizedKVCache", "config", [(8, ValueError), (4, ValueError)],  # a latent: no heads to quantise
+    lambda w, o, v: QuantizedKVCache(replace(TINY_SHAPE, kv_latent=v), 1))
 
 chunk = lambda T=1, **kw: t(2, H, T, D, **kw)  # noqa: E731
 BAD_CHUNKS = [(chunk(1)[0], ValueError), (t(2, H, 1, 8), ValueError), (t(1, H, 1, D), ValueError),

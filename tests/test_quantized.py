@@ -114,8 +114,11 @@ def test_bytes_per_token_on_the_char_models_shape():
 def test_a_full_precision_position_of_a_shrunk_model_is_what_its_kvcache_stores(extra):
     cfg = GPTConfig(vocab_size=100, **extra)
     assert cfg.kv_bytes_per_token() == KVCache(cfg, 1).bytes_per_token < 4096
-    with pytest.raises(ValueError, match="QuantizedKVCache needs a multi-head attention model"):
-        quantized_bytes_per_token(cfg, 4, 16)
+    if cfg.kv_latent:  # a latent has no heads to quantise
+        with pytest.raises(ValueError, match="QuantizedKVCache needs a multi-head attention model"):
+            quantized_bytes_per_token(cfg, 4, 16)
+    else:              # fewer key/value heads: fewer bytes in the same proportion
+        assert quantized_bytes_per_token(cfg, 4, 16) * cfg.n_head == 768 * cfg.kv_heads
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -276,3 +279,20 @@ def test_values_beyond_float16_are_refused_instead_of_turning_into_nan():
         with pytest.raises(ValueError, match=f"{name} holds a value of size 1e\\+05"):
             cache.write(0, k, v)
     assert cache.length == 0 and all(s.length == 0 for s in cache.keys + cache.values)
+
+
+def test_a_grouped_query_model_takes_a_quantised_cache_of_its_own_heads(tiny_gpt):
+    """Fewer key/value heads and fewer bits combine: the cache stores each of the model's key/value heads once."""
+    from kvlib.compress import grouped
+    from kvlib.quality import stepwise_logits
+
+    gqa = grouped(tiny_gpt, 1)                                # one key/value head for every query head
+    cfg = gqa.config
+    x = torch.randint(cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    exact = QuantizedKVCache(cfg, 2, 16, bits=4, window=16, group_size=4)   # all in the window: no code at all
+    with torch.inference_mode():
+        assert (stepwise_logits(gqa, x, exact) - gqa(x)[0]).abs().max() < 1e-4
+    coded = QuantizedKVCache(cfg, 2, 16, bits=4, group_size=4)
+    stepwise_logits(gqa, x, coded)
+    assert coded.nbytes / x.numel() == quantized_bytes_per_token(cfg, 4, 4)    # 16 positions: four whole key groups
+    assert quantized_bytes_per_token(cfg, 4, 4) * cfg.n_head == quantized_bytes_per_token(tiny_gpt.config, 4, 4) * cfg.kv_heads

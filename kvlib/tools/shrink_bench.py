@@ -6,10 +6,9 @@ bytes are counted and the quality numbers are the same on every machine.
 """
 from __future__ import annotations
 
-import copy
 import math
 import numbers
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -133,35 +132,6 @@ def written(model: GPT, tokenizer, setting: Setting, prompt: str, n_new: int, *,
 
 
 @torch.no_grad()
-def repeated_heads(model: GPT) -> GPT:
-    """A multi-head copy of a grouped-query ``model``: each key/value head repeated for every query head it serves.
-
-    It computes the same function, but its cache holds each shared head once per query head. So a cache that takes
-    only multi-head models (``QuantizedKVCache``) can run on a grouped-query model's keys and values: quantisation
-    groups never cross heads (keys: one channel over a run of positions; values: a run of one head's channels), so
-    the copies of a head get the same codes and the logits are those the model's own heads would give through such a
-    cache, whose bytes are this one's times ``n_kv_head / n_head``.
-    """
-    check_gpt(model)
-    cfg = model.config
-    if cfg.kv_latent or cfg.multi_head:
-        raise ValueError(f"model must be a grouped-query model (n_kv_head < n_head, no latent), got {cfg}")
-    H, Hkv, D, C = cfg.n_head, cfg.kv_heads, cfg.head_size, cfg.n_embd
-    weight = model.lm_head.weight
-    with torch.random.fork_rng(devices=[]):  # the copy's random start, about to be replaced, leaves the RNG alone
-        out = GPT(replace(cfg, n_kv_head=0)).to(dtype=weight.dtype, device=weight.device)
-    state = copy.deepcopy(model.state_dict())
-    for i in range(cfg.n_layer):
-        for name in ("weight", "bias"):
-            key = f"transformer.h.{i}.attn.c_attn.{name}"
-            q, k, v = state[key].split([C, Hkv * D, Hkv * D])                   # heads stacked by rows
-            # query head h reads key/value head h // (H / Hkv), as attention's enable_gqa does
-            repeat = lambda t: t.view(Hkv, D, *t.shape[1:]).repeat_interleave(H // Hkv, 0).flatten(0, 1)  # noqa: E731
-            state[key] = torch.cat([q, repeat(k), repeat(v)])                   # (3C, ...)
-    out.load_state_dict(state)
-    return out.eval()
-
-
 def texts(tokenizer, n_texts: int = 50, length: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """``n_texts`` windows of the validation split (inputs and next tokens, (n_texts, length) each)."""
     check_tokenizer(tokenizer)

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from kvlib.tools.shrink_bench import check_table, format_table, repeated_heads, settings, shrink_table, texts, written
+from kvlib.tools.shrink_bench import check_table, format_table, settings, shrink_table, texts, written
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +82,3 @@ def _grouped_gpt():
     return multi, grouped(multi, 2)
 
 
-def test_repeated_heads_computes_the_grouped_model_and_quantises_each_shared_head_alike():
-    from kvlib import QuantizedKVCache
-    from kvlib.quality import stepwise_logits
-
-    multi, gqa = _grouped_gpt()
-    rng = torch.get_rng_state()
-    copy = repeated_heads(gqa)
-    assert torch.equal(torch.get_rng_state(), rng)  # the copy's random start leaves the global RNG alone
-    assert copy.config.multi_head and copy.config.n_head == 4 and gqa.config.kv_heads == 2
-    x = torch.randint(0, 64, (3, 32), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        assert (copy(x)[0] - gqa(x)[0]).abs().max() < 1e-5
-    cache = QuantizedKVCache(copy.config, 3, 32, bits=4)
-    stepwise_logits(copy, x, cache)
-    for store in cache.keys + cache.values:  # query heads 0, 1 share key/value head 0; 2, 3 share head 1
-        assert torch.equal(store.codes[:, 0], store.codes[:, 1]) and torch.equal(store.codes[:, 2], store.codes[:, 3])
-        assert not torch.equal(store.codes[:, 1], store.codes[:, 2])
-    with pytest.raises(ValueError, match="grouped-query model"):
-        repeated_heads(multi)

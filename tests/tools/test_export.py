@@ -20,6 +20,8 @@ import torch
 from kvlib.decoding import generate
 from kvlib.tools import export as export_module
 from kvlib.tools.cli import main
+
+from .test_cli import refused
 from kvlib.tools.corpus import load_poems
 from kvlib.tools.export import RECORD, export
 from kvlib.verify import greedy_agreement
@@ -268,15 +270,6 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch, tiny_gpt, t
 
 
 # ---- the command line -----------------------------------------------------------------------------
-
-def refused(capsys, argv) -> str:
-    """The one line ``main`` prints for ``argv``, after checking it exits 2 without a traceback."""
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
-
 
 def test_the_command_line_refuses_bad_folders_and_models_in_one_line(capsys, tmp_path):
     taken = tmp_path / "taken"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,6 +22,20 @@ from .timing import interleaved, verdict
 
 CT2_EXTRA = "pip install -e .[bench] (ctranslate2 and transformers)"
 LOGIT_ATOL = 1e-4
+
+
+@contextmanager
+def quiet_loading():
+    """transformers' progress bars off while the block runs (a notebook would show them as a widget), then as before."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def ctranslate2_available() -> bool:
@@ -36,8 +51,9 @@ class CT2Peer:
         from .export import export
 
         self.model, self.folder = model, Path(tempfile.mkdtemp(prefix="kvlib-ct2-"))
-        export(model, tokenizer, self.folder / "hf")
-        ctranslate2.converters.TransformersConverter(str(self.folder / "hf")).convert(str(self.folder / "ct2"))
+        with torch.random.fork_rng(devices=[]), quiet_loading():  # building the copies draws (then overwritten) weights
+            export(model, tokenizer, self.folder / "hf")
+            ctranslate2.converters.TransformersConverter(str(self.folder / "hf")).convert(str(self.folder / "ct2"))
         self.vocabulary = json.loads((self.folder / "ct2" / "vocabulary.json").read_text(encoding="utf-8"))
         self.generators: dict[int, object] = {}
         self.version = ctranslate2.__version__

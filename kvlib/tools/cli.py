@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvlib {demo,generate,bench,serve,server,speculate,shrink,train,evaluate,prepare-data,doctor,export}``."""
+"""Command line: ``python -m kvlib {demo,generate,bench,serve,server,class,speculate,shrink,train,evaluate,prepare-data,doctor,export}``."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import cli_args as parse
+from . import class_load, cli_args as parse
 from .cli_args import rounded, to_json  # noqa: F401  (the commands' JSON)
 from .integrity import IntegrityError
 
@@ -425,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-in-flight", type=parse.in_flight, default=64,
                    help=f"requests held at once, waiting or running; more get 503 (1 to {parse.MAX_IN_FLIGHT:,})")
     p.set_defaults(func=cmd_server)
+    class_load.add_command(sub)  # python -m kvlib class: a class calling a server (its options in class_load.py)
 
     p = sub.add_parser("speculate", help="speculative decoding: acceptance, best γ, speed-up per draft")
     p.add_argument("--new-tokens", type=parse.spec_tokens, default=64, help="tokens per prompt, 1 to 100")

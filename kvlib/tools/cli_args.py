@@ -111,3 +111,7 @@ def rounded(obj, digits: int = 4):
 def to_json(obj, indent: int | None = 2) -> str:
     """The commands' JSON: floats to 4 significant digits, Chinese as it is, anything else as its str."""
     return json.dumps(rounded(obj), indent=indent, ensure_ascii=False, default=str)
+
+
+MAX_STUDENTS = 300  # python -m kvlib class: threads on one machine; more is a load test, not a classroom
+students = bounded(int, 1, MAX_STUDENTS, "a whole number of students")

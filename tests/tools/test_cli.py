@@ -252,8 +252,8 @@ def test_the_sweep_finds_every_number_option():
     assert {("train", "--threads"), ("train", "--steps"), ("train", "--batch-size"), ("train", "--lr"),
             ("evaluate", "--poems"), ("evaluate", "--show"), ("generate", "--max-new-tokens"),
             ("generate", "--temperature"), ("generate", "--top-p"), ("serve", "--requests")} <= found
-    assert len(found) == 21  # with --top-k, --seed (3), --rate, --new-tokens, --rounds, --texts, --length,
-    #                           server's --port and --max-in-flight
+    assert len(found) == 22  # with --top-k, --seed (3), --rate, --new-tokens, --rounds, --texts, --length,
+    #                           server's --port and --max-in-flight, class's --students
 
 
 @pytest.mark.parametrize("argv, allowed", [

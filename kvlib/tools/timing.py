@@ -117,15 +117,17 @@ TOO_BUSY = ("the machine was too busy to measure this: {whole} was timed faster 
 
 
 def contradicts(part: Timing, whole: Timing) -> bool:
-    """True when ``whole``, work that includes all of ``part``'s, has the lower median: an impossible reading.
+    """True when ``whole``, work that includes all of ``part``'s, was timed faster beyond noise: an impossible reading.
 
-    Doing more cannot take less time, so such figures say only that the machine's load moved between the
-    rounds; a notebook prints :data:`TOO_BUSY` then, never a ratio that its prose says cannot happen.
+    Doing more cannot take less time, so when every round of ``whole`` beat every round of ``part``
+    (:func:`verdict`'s "faster") the machine's load moved between the rounds; a notebook prints :data:`TOO_BUSY`
+    then, never a ratio that its prose says cannot happen. Two timings within noise of each other are not a
+    contradiction: their ratio is printed with its spread.
     """
     for t in (part, whole):
         if not isinstance(t, Timing):
             raise TypeError(f"contradicts compares two Timings, got {type(t).__name__}")
-    return whole.median < part.median
+    return verdict(whole, part) == "faster"
 
 
 def too_busy(part: Timing, whole: Timing) -> str:

@@ -110,6 +110,36 @@ def step_profile(dec, prompt: torch.Tensor, steps: int = 50, top: int = 6) -> li
     return [(e.key if len(e.key) < 48 else e.key[:45] + "...", e.self_cpu_time_total / steps) for e in rows]
 
 
+def operators_compiled_alone(model: GPT, calls: int = 500) -> dict[str, tuple[float, float]]:
+    """The step's main operators at one row, each eager and compiled alone: {name: (eager µs, compiled µs)} a call.
+
+    The head's product, one block's query/key/value product, and attention over a full cache: if Inductor's code
+    for a one-row product is slower than the BLAS call the eager step makes, no fusion around it wins that back."""
+    cfg, w = model.config, FastDecoder(model, 1).weights
+    C, H, L = cfg.n_embd, cfg.n_head, cfg.block_size
+    x = torch.randn(1, C, generator=torch.Generator().manual_seed(0))
+    q, k = x.view(1, H, 1, C // H), torch.zeros(1, H, L, C // H)
+    parts = {"head product (1 row)": (lambda: torch.mm(x, w.head)),
+             "query/key/value product (1 row)": (lambda: torch.addmm(w.layers[0].b_qkv, x, w.layers[0].w_qkv)),
+             f"attention over {L} keys": (lambda: F.scaled_dot_product_attention(q, k, k))}
+    out = {}
+    with torch.inference_mode():
+        for name, fn in parts.items():
+            compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+            compiled()
+            out[name] = tuple(_us_a_call(f, calls) for f in (fn, compiled))
+    return out
+
+
+def _us_a_call(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def compiled_report(model: GPT, idx: torch.Tensor, new_tokens: int, rounds: int, ct2=None) -> dict:
     """The compiled step against the eager fast path (and CTranslate2, when given), one stream, interleaved rounds:
     the compile time, the same tokens, times with their spread and verdicts, and where each step's time goes."""
@@ -130,7 +160,8 @@ def compiled_report(model: GPT, idx: torch.Tensor, new_tokens: int, rounds: int,
             "same_tokens": bool(torch.equal(compiled, eager)), "ms": ms,
             "verdicts": {k: verdict(timed["compiled"], t) for k, t in timed.items() if k != "compiled"},
             "profile": {"compiled": step_profile(CompiledDecoder(model, 1), idx),
-                        "eager": step_profile(FastDecoder(model, 1), idx)}}
+                        "eager": step_profile(FastDecoder(model, 1), idx)},
+            "operators": operators_compiled_alone(model)}
 
 
 def format_compiled(d: dict, floor_us: float | None = None) -> str:
@@ -151,4 +182,7 @@ def format_compiled(d: dict, floor_us: float | None = None) -> str:
     lines.append("  where a step's time goes (own CPU time a step, torch.profiler):")
     for k, rows in d["profile"].items():
         lines.append(f"    {k}: " + "; ".join(f"{name} {us:.0f} µs" for name, us in rows))
+    if d.get("operators"):
+        lines.append("  the step's main operators alone, eager against compiled (µs a call, the compiled one's call included):")
+        lines += [f"    {name:34s} {eager:7.1f}  {compiled:7.1f}" for name, (eager, compiled) in d["operators"].items()]
     return "\n".join(lines)

@@ -42,8 +42,18 @@ def test_the_report_judges_both_goals_and_prints_where_the_time_goes():
     d = {"compile_s": 12.0, "new_tokens": 100, "same_tokens": True,
          "ms": {"compiled": (100.0, 95.0, 110.0), "eager": (75.0, 70.0, 80.0), "ctranslate2": (45.0, 44.0, 46.0)},
          "verdicts": {"eager": "slower", "ctranslate2": "slower"},
-         "profile": {"compiled": [("Call CompiledFxGraph", 740.0)], "eager": [("aten::mm", 159.0)]}}
+         "profile": {"compiled": [("Call CompiledFxGraph", 740.0)], "eager": [("aten::mm", 159.0)]},
+         "operators": {"head product (1 row)": (180.0, 338.0)}}
     text = format_compiled(d, floor_us=25.0)
     assert "compiled in 12 s" in text and "same tokens as the eager step: True" in text
     assert "at least CTranslate2's speed: 0.45x, NOT met" in text and "FLOP floor (25 µs a token): 40x, NOT met" in text
     assert "Call CompiledFxGraph 740 µs" in text and "aten::mm 159 µs" in text
+    assert "head product (1 row)" in text and "180.0" in text and "338.0" in text
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_each_main_operator_is_timed_eager_and_compiled(shipped_char):
+    model, _ = shipped_char
+    ops = compiled_step.operators_compiled_alone(model, calls=20)
+    assert len(ops) == 3 and all(e > 0 and c > 0 for e, c in ops.values())

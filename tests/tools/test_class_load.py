@@ -15,6 +15,8 @@ httpx = pytest.importorskip("httpx", reason="httpx comes with the openai client"
 
 from kvlib.tools.class_load import SHARED_START, format_class, free_port, local_server, run_class  # noqa: E402
 
+from .test_server import metric as server_metric, settled as server_settled  # noqa: E402
+
 STUDENTS = 12
 BLOCK = 16  # the server's KV block: prefix caching shares whole blocks only
 
@@ -31,19 +33,11 @@ def report(server):
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=5).text
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+(\S+)$", text, re.M))
+    return server_metric(url.removesuffix("/v1"), name)
 
 
 def settled(url: str, timeout: float = 10.0) -> bool:
-    """Nothing running or waiting, and no block in use, within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (metric(url, "kvlib:num_requests_running") == metric(url, "kvlib:num_requests_waiting") == 0
-                and metric(url, "kvlib:kv_cache_usage_perc") == 0):
-            return True
-        time.sleep(0.1)
-    return False
+    return server_settled(url.removesuffix("/v1"), timeout)
 
 
 def test_the_shared_start_fills_a_whole_block(shipped_char):

@@ -44,14 +44,21 @@ class Ticket:
     def __init__(self, request_id: int, loop: asyncio.AbstractEventLoop | None = None):
         self.id, self.loop, self.sent = request_id, loop, 0
         self.events: asyncio.Queue | queue.Queue = asyncio.Queue() if loop is not None else queue.Queue()
+        self.started = asyncio.Event() if loop is not None else threading.Event()  # set by its first event
         self.submitted = time.perf_counter()
 
     def put(self, event: Event) -> None:
         """Called by the engine's thread: hand ``event`` to the client's thread or event loop."""
         if self.loop is None:
             self.events.put(event)
+            self.started.set()
         else:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.deliver, event)
+
+    def deliver(self, event: Event) -> None:
+        """In the client's event loop: queue ``event`` and mark the request started (its prefill has run)."""
+        self.events.put_nowait(event)
+        self.started.set()
 
 
 class EngineLoop:

@@ -19,6 +19,7 @@ from .engine_loop import Busy, EngineLoop, Ticket
 from .openai_api import ApiError, Params, StopText, params_of, prompt_of
 
 SERVED = ("tang-char", "tang-bpe")
+PREFILL_WAIT_S = 30.0  # how long the later choices of a request wait for the first one's prefill
 
 
 def metrics_of(registry):
@@ -143,16 +144,21 @@ def create_app(model_name: str = "tang-char", *, num_blocks: int = 256, kv_block
             metrics["kv_usage"].set(used / (used + engine.cache.num_free_blocks))
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    def submit(params: Params) -> list[Ticket]:
+    async def submit(params: Params) -> list[Ticket]:
+        """The request's ``n`` choices in the engine. The first goes alone: once its prefill has run, the prompt's
+        full blocks are in the pool, and the other choices find them there (prefix caching) instead of computing
+        the prompt again."""
         loop, aio = state["loop"], asyncio.get_running_loop()
         tickets = []
         sampling = Sampling(params.temperature, params.top_k, params.top_p)
         try:
             for i in range(params.n):
+                if i == 1:
+                    await asyncio.wait_for(tickets[0].started.wait(), PREFILL_WAIT_S)
                 tickets.append(loop.submit(lambda rid, i=i: Request(
                     rid, params.prompt_ids, params.max_tokens, sampling=sampling, seed=(params.seed + i) % 2**63,
                     stop_token_ids=params.stop_token_ids, banned=params.banned, logprobs=params.logprobs), aio))
-        except Busy as err:
+        except (Busy, asyncio.TimeoutError) as err:
             for t in tickets:
                 loop.abort(t.id)
             metrics["rejected"].inc()
@@ -207,7 +213,7 @@ def create_app(model_name: str = "tang-char", *, num_blocks: int = 256, kv_block
         body = await body_of(http)
         check_model_name(body)
         params = params_of(body, tok, state["model"].config.block_size, chat)
-        tickets = submit(params)
+        tickets = await submit(params)
         out: asyncio.Queue = asyncio.Queue()
         readers = [asyncio.create_task(follow(i, t, params, tok, out)) for i, t in enumerate(tickets)]
         ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())

@@ -121,6 +121,15 @@ def test_usage_adds_up_and_a_shared_couplet_is_found_in_the_pool(client):
     assert second.usage.prompt_tokens_details.cached_tokens >= 16  # at least one block of 16
 
 
+def test_n_choices_share_the_prompts_blocks(client):
+    """The first choice is prefilled alone; the others find the prompt's full block in the pool."""
+    quatrain = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"   # not asked for before in this server's life
+    r = client.completions.create(model="tang-char", prompt=quatrain, n=3, max_tokens=6, temperature=1.0, seed=5,
+                                  extra_body={"ignore_eos": True})
+    assert len(r.choices) == 3 and len({c.text for c in r.choices}) > 1          # three seeds, three texts
+    assert r.usage.completion_tokens == 18 and r.usage.prompt_tokens_details.cached_tokens >= 16
+
+
 def test_a_bad_parameter_gets_an_openai_400_and_the_server_goes_on(client):
     for bad, param in ((dict(temperature=3), "temperature"), (dict(max_tokens=0), "max_tokens"),
                        (dict(prompt="hello"), "prompt"), (dict(logprobs=50), "logprobs"),

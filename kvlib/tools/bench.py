@@ -191,24 +191,22 @@ def _machine() -> dict:
 
 def bench_model():
     """(model, 16-token prompt (1, 16), note): the shipped tang-char when present, else random weights."""
+    return bench_model_and_tokenizer()[:3]
+
+
+def bench_model_and_tokenizer():
+    """:func:`bench_model`'s three, and the shipped tokenizer (None with random weights): CTranslate2's export needs it."""
     from . import integrity
     from .loading import load_pretrained
 
     if (integrity.DATA_DIR / "tang-char.pt").exists() and "tang-char.pt" in integrity.read_manifest():
         model, tokenizer = load_pretrained("tang-char")
         idx = torch.tensor([tokenizer.encode(PROMPT)])
-        return model, idx, f"shipped tang-char model, prompt {PROMPT}"
+        return model, idx, f"shipped tang-char model, prompt {PROMPT}", tokenizer
     model = _seeded_model(SHIPPED_SHAPE)
     idx = torch.randint(SHIPPED_SHAPE.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     return model, idx, ("data/tang-char.pt is missing: random weights in the shipped shape, a random "
-                        "16-token prompt (the timings hold for any weights)")
-
-
-def shipped_tokenizer(note: str):
-    """The shipped tang-char tokenizer when :func:`bench_model` gave the shipped model (CTranslate2 needs it), else None."""
-    from .loading import load_pretrained
-
-    return load_pretrained("tang-char")[1] if note.startswith("shipped") else None
+                        "16-token prompt (the timings hold for any weights)"), None
 
 
 def batch_prompts(model: GPT, idx: torch.Tensor, rows: int = 8) -> list[list[int]]:
@@ -263,9 +261,9 @@ def run_bench(threads=(1, 2), progress: bool = True, *, model: GPT | None = None
     for name, value in (("rounds", rounds), ("prompt_length", prompt_length), ("peak_n", peak_n)):
         check_int(name, value, 1)
     if model is None:
-        model, default_idx, note = bench_model()
+        model, default_idx, note, shipped = bench_model_and_tokenizer()
         idx = default_idx if idx is None else idx
-        tokenizer = tokenizer or shipped_tokenizer(note)
+        tokenizer = tokenizer or shipped
     else:
         check_model(model)
         note = "model given by the caller"

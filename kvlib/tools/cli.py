@@ -276,7 +276,8 @@ def cmd_serve(args) -> None:
     if not args.rate > 0:  # also refuses nan
         raise UsageError(f"--rate must be a number of arrivals per second > 0, got {args.rate}")
     model, tok = _load("tang-char")
-    report = run_serve_bench(model, tok, load_poems(), n_requests=args.requests, rate=args.rate, seed=args.seed)
+    report = run_serve_bench(model, tok, load_poems(), n_requests=args.requests, rate=args.rate, seed=args.seed,
+                             compiled=True)
     print(to_json(report) if args.json else format_report(report))
 
 

@@ -89,6 +89,7 @@ def compile_step(step: torch.nn.Module, example: tuple, way: str, rows_in: int =
     """``step`` compiled ``way`` ("aoti" or "inductor") for inputs shaped like ``example``; the first ``rows_in``
     inputs take any number of rows (their first dimension). Returns (callable, seconds it took)."""
     import torch._inductor.config as inductor
+    from torch._inductor import aoti_compile_and_package, aoti_load_package  # AOTInductor's documented entry points
 
     check_choice("way", way, WAYS)
     start = time.perf_counter()
@@ -100,19 +101,18 @@ def compile_step(step: torch.nn.Module, example: tuple, way: str, rows_in: int =
             warnings.catch_warnings():
         warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))  # PyTorch's own, about its internals
         if way == "inductor":  # with its C++ wrapper: the compiled code calls its kernels from C++
-            for t in example[:rows_in]:
-                torch._dynamo.mark_dynamic(t, 0, min=1)
-            fn = torch.compile(step, fullgraph=True)
+            fn = torch.compile(step, fullgraph=True, dynamic=bool(rows_in))
             fn(*example)
         else:
             rows = torch.export.Dim("rows", min=1, max=4096)
             shapes = tuple({0: rows} if i < rows_in else None for i in range(len(example))) if rows_in else None
             exported = torch.export.export(step, example, dynamic_shapes=shapes)
             with tempfile.TemporaryDirectory(prefix="kvlib-aoti-") as folder:  # the loader keeps what it needs
-                loader = torch._inductor.aoti_load_package(torch._inductor.aoti_compile_and_package(
-                    exported, package_path=str(Path(folder) / "step.pt2"))).loader
-            fn = lambda *tensors: loader.boxed_run(list(tensors))  # noqa: E731  (the package's own call parses
-            fn(*example)                                           # its input and output specs on every call)
+                package = aoti_compile_and_package(exported, package_path=str(Path(folder) / "step.pt2"))
+                loader = aoti_load_package(package).loader
+            # The package's own __call__ parses its input and output specs at every call; its loader's does not.
+            fn = lambda *tensors: loader.boxed_run(list(tensors))  # noqa: E731
+            fn(*example)
     return fn, time.perf_counter() - start
 
 

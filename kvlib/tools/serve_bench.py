@@ -15,7 +15,7 @@ import statistics
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..decoding import pad_prompts
 from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
@@ -25,6 +25,7 @@ from .serving_runs import RunResult, run_continuous, run_one_at_a_time, run_stat
 from .timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import forward_flops, peak_matmul_flops, weight_bytes
+from .compiled_paged import CompiledPagedStep, compiler_available
 from .ct2_peer import CT2Peer, ctranslate2_available
 from .traces import make_trace
 
@@ -96,13 +97,15 @@ def step_products(model: GPT, rows: int, gen: torch.Generator):
     return run
 
 
-def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int = 5, seed: int = 0) -> dict:
+def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int = 5, seed: int = 0,
+                 compiled: bool = False) -> dict:
     """One decode step timed four ways in interleaved rounds, all at about ``context`` cached tokens a row.
 
     ``single_row``: the fast path for one sequence (what one user alone gets); ``static``: the same
     step for a left-padded batch of ``batch_size`` in a static cache; ``paged``: the engine's step,
     ``batch_size`` rows in a paged pool; ``paged_model``: the same rows through ``GPT.forward`` (the
-    teaching path notebook 7 explains). Each step is undone after it is timed (the caches truncated),
+    teaching path notebook 7 explains); with ``compiled`` (and a C++ compiler), ``paged_compiled``: the
+    engine's step compiled (:mod:`kvlib.tools.compiled_paged`), its build time in ``compile_s``. Each step is undone after it is timed (the caches truncated),
     so every call does the same work. Counts beside the times: FLOPs and the weight bytes a step reads.
     In the same rounds, the step's weight products alone (:func:`step_products`) at 1 and at
     ``batch_size`` rows: how their cost grows with the rows bounds what a batch step can cost here.
@@ -134,8 +137,11 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
             dec.cache.truncate(idx.shape[1])
         return step
 
-    def paged(decoder: str):
+    def paged(decoder: str, compiled: bool = False):
         cache = PagedKVCache(cfg, batch_size * ceil_div(context + 1, KV_BLOCK_SIZE), enable_prefix_caching=False)
+        if compiled:
+            cache.step_runner = CompiledPagedStep(model, cache.pool.kv)
+            out["compile_s"] = cache.step_runner.compile_seconds
         sids = list(range(batch_size))
         cut = [p[:length(r)] for r, p in enumerate(prompts)]
         for s, p in zip(sids, cut):
@@ -149,13 +155,16 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
                 cache.truncate(s, len(p))
         return step
 
+    out = {"batch_size": batch_size, "context": context, "rounds": rounds, "weight_bytes": weight_bytes(model),
+           "steps": {}}
     fns = {"single_row": fast(1), "static": fast(batch_size), "paged": paged("fast"), "paged_model": paged("model"),
            "products_1": step_products(model, 1, gen), f"products_{batch_size}": step_products(model, batch_size, gen)}
+    if compiled and compiler_available():
+        fns["paged_compiled"] = paged("fast", compiled=True)
     timings = interleaved(fns, rounds, min_run_time=0.05)
     p1, pb = timings.pop("products_1"), timings.pop(f"products_{batch_size}")
     peak = peak_matmul_flops()
-    out = {"batch_size": batch_size, "context": context, "rounds": rounds, "weight_bytes": weight_bytes(model),
-           "peak_matmul_gflops": peak / 1e9, "steps": {}}
+    out["peak_matmul_gflops"] = peak / 1e9
     for name, t in timings.items():
         rows = 1 if name == "single_row" else batch_size
         flops = step_flops(cfg, rows, context)
@@ -175,6 +184,8 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
     out["batch_vs_single_row"] = batch.median / single.median
     out["paged_vs_static"] = batch.median / timings["static"].median
     out["paged_vs_paged_model"] = verdict(batch, timings["paged_model"])
+    if "paged_compiled" in timings:
+        out["compiled_vs_paged"] = (timings["paged_compiled"].median / batch.median, verdict(timings["paged_compiled"], batch))
     out["per_token_batch_vs_single_row"] = verdict(Timing("per token", tuple(x / batch_size for x in batch.rounds)),
                                                    single)
     return out
@@ -182,8 +193,9 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
 
 def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int = 64, rate: float = 1000.0,
                     seed: int = 0, batch_size: int = 8, max_num_seqs: int = 32, max_new_tokens: int = 64,
-                    repeats: int = 3, step_rounds: int = 5) -> dict:
-    """The side-by-side report (JSON-able), on one thread."""
+                    repeats: int = 3, step_rounds: int = 5, compiled: bool = False) -> dict:
+    """The side-by-side report (JSON-able), on one thread; ``compiled``: the engine's step compiled, timed too."""
+    compiled = check_bool("compiled", compiled)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 2, None, "an int >= 2: with one new token a request "
                                "is all prefill, and there would be no decode passes to compare")
     repeats = check_int("repeats", repeats, 1, None, "an int >= 1 (runs of each way, taking turns)")
@@ -191,7 +203,7 @@ def run_serve_bench(model: GPT, tokenizer, poems: list[str], *, n_requests: int 
               "row's, need two rows at least")
     with threads(1):  # fastest at this size, and a busy second core makes every step wait
         return _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens,
-                       repeats, step_rounds)
+                       repeats, step_rounds, compiled)
 
 
 def runs_in_turns(ways: dict, repeats: int) -> dict[str, list[RunResult]]:
@@ -221,7 +233,7 @@ def median_run(runs: list[RunResult]) -> RunResult:
 
 
 def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num_seqs, max_new_tokens, repeats,
-            step_rounds):
+            step_rounds, compiled):
     trace = make_trace(tokenizer, poems, n_requests, rate, seed, max_new_tokens=max_new_tokens)
     block = model.config.block_size
     num_blocks = batch_size * block // KV_BLOCK_SIZE  # the static batch's memory, in blocks
@@ -241,7 +253,7 @@ def _report(model, tokenizer, poems, n_requests, rate, seed, batch_size, max_num
     for k, r in summary.items():
         rates = [x.tokens_per_s for x in every[k]]
         r["tokens_per_s"], r["tokens_per_s_low"], r["tokens_per_s_high"] = statistics.median(rates), min(rates), max(rates)
-    step = decode_steps(model, batch_size, rounds=step_rounds)
+    step = decode_steps(model, batch_size, rounds=step_rounds, compiled=compiled)
     c, s, o = (summary[k]["tokens_per_s"] for k in ("continuous", "static", "one_at_a_time"))
     lengths = [len(r.prompt) + r.max_new_tokens for r in trace]
     measured = {
@@ -377,7 +389,8 @@ def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats
 
 
 STEP_NAMES = {"single_row": "one row, fast step", "static": "static batch, fast step",
-              "paged": "paged batch, fast step (the engine's)", "paged_model": "paged batch, GPT.forward"}
+              "paged": "paged batch, fast step (the engine's)", "paged_model": "paged batch, GPT.forward",
+              "paged_compiled": "paged batch, the engine's step compiled"}
 
 
 def format_report(report: dict) -> str:
@@ -466,6 +479,11 @@ def format_details(report: dict) -> str:
     lines.append(f"  per token, a batch-{d['batch_size']} paged step against one row alone: "
                  f"{d['per_token_batch_vs_single_row']}; the engine's step against GPT.forward's: "
                  f"{d['paged_vs_paged_model']}")
+    if "compiled_vs_paged" in d:
+        x, v = d["compiled_vs_paged"]
+        lines.append(f"  the engine's step compiled (AOTInductor, built in {d['compile_s']:.0f} s) took {x:.2f}x the eager "
+                     f"one's time ({v}): its attention reads each row's slots through the block table in loops Inductor "
+                     "writes itself, where the eager step gathers them with one index_select and calls the library's")
     p = d["products"]
     lines.append(f"  the step's {p['calls']} weight products alone (every layer's four and the head), same rounds: "
                  f"1 row {p['ms_1']:.2f} ms ({100 * p['share_of_single_step']:.0f}% of the single-row step), "

@@ -173,7 +173,7 @@ def test_the_command_prints_json(capsys, monkeypatch):
     monkeypatch.setattr(sb, "run_serve_bench", fake)
     assert cli.main(["serve", "--requests", "3", "--rate", "50", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"runs": {}, "fake": True}
-    assert calls == {"n_requests": 3, "rate": 50.0, "seed": 0}
+    assert calls == {"n_requests": 3, "rate": 50.0, "seed": 0, "compiled": True}
     with pytest.raises(SystemExit):
         cli.main(["serve", "--requests", "0"])
     for rate in ("0", "-5", "nan"):

@@ -86,7 +86,8 @@ class PagedKVCache:
         self.kv_block_size = self.pool.kv_block_size
         self.block_manager = BlockManager(self.pool.num_blocks, self.kv_block_size,
                                           enable_prefix_caching=enable_prefix_caching)
-        self.step_runner: PagedStep | None = None  # the lean step, made on first use
+        # The lean step, made on first use; any callable with PagedStep's contract may take its place (a compiled one).
+        self.step_runner: PagedStep | None = None
         self.rollback: dict[int, torch.Tensor] | None = None  # in a transaction: blocks' contents before it wrote
 
     @classmethod

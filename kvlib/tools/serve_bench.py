@@ -1,7 +1,6 @@
 """``python -m kvlib serve``: one trace served three ways, side by side in one run, and a decode step timed.
 
-The three ways get the same requests at the same arrival times, decode with the same lean step
-(``kvlib.fast``: one request alone, a padded static batch, or the engine's rows in a paged pool),
+The three ways get the same requests at the same arrival times, decode with the same lean step (``kvlib.fast``)
 and write the same greedy tokens (the report says whether they did). Continuous batching gets the
 KV memory the static batch reserves (``batch_size`` rows of ``block_size`` positions), cut into
 blocks of 16 and, in a fourth run, of 8. The ways take turns ``repeats`` times (``kvlib.tools.timing``'s
@@ -79,7 +78,6 @@ def step_flops(config, batch_size: int, context: int) -> int:
     return batch_size * forward_flops(config, 1, check_int("context", context, 0))
 
 
-@torch.inference_mode()
 def step_products(model: GPT, rows: int, gen: torch.Generator):
     """A function running every weight product of one lean decode step on ``rows`` random rows, as the step does."""
     w = step_weights(model)
@@ -99,15 +97,13 @@ def step_products(model: GPT, rows: int, gen: torch.Generator):
 
 def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int = 5, seed: int = 0,
                  compiled: bool = False) -> dict:
-    """One decode step timed four ways in interleaved rounds, all at about ``context`` cached tokens a row.
-
-    ``single_row``: the fast path for one sequence (what one user alone gets); ``static``: the same
-    step for a left-padded batch of ``batch_size`` in a static cache; ``paged``: the engine's step,
-    ``batch_size`` rows in a paged pool; ``paged_model``: the same rows through ``GPT.forward`` (the
-    teaching path notebook 7 explains); with ``compiled`` (and a C++ compiler), ``paged_compiled``: the
-    engine's step compiled (:mod:`kvlib.tools.compiled_paged`), its build time in ``compile_s``. Each step is undone after it is timed (the caches truncated),
-    so every call does the same work. Counts beside the times: FLOPs and the weight bytes a step reads.
-    In the same rounds, the step's weight products alone (:func:`step_products`) at 1 and at
+    """One decode step timed four ways (five with ``compiled``) in interleaved rounds, at about ``context`` cached
+    tokens a row: ``single_row``, the fast path for one sequence; ``static``, the same step for a left-padded batch
+    of ``batch_size`` in a static cache; ``paged``, the engine's step, ``batch_size`` rows in a paged pool;
+    ``paged_model``, those rows through ``GPT.forward`` (notebook 7's path); ``paged_compiled``, the engine's step
+    compiled (:mod:`kvlib.tools.compiled_paged`; built in ``compile_s``), where a C++ compiler exists. Each step is
+    undone after it is timed, so every call does the same work. Counts beside the times: FLOPs and the weight
+    bytes a step reads. In the same rounds, the step's weight products alone (:func:`step_products`) at 1 and at
     ``batch_size`` rows: how their cost grows with the rows bounds what a batch step can cost here.
     """
     check_int("batch_size", batch_size, 2, None, "an int >= 2 (set beside the single row's step)")
@@ -438,6 +434,10 @@ def format_summary(report: dict) -> str:
     for k, v in targets.items():
         lines.append(f"  {k:42} {v['measured']:7.3f}  target {v['kind']} {v['target']:.2f}  "
                      f"{'met' if v['met'] else 'not met'}")
+    if "ctranslate2_static" in report["runs"]:  # the product of two ratios of the same runs: schedule, then step
+        c, s, p = (report["runs"][k]["tokens_per_s"] for k in ("continuous", "static", "ctranslate2_static"))
+        lines.append(f"    against CTranslate2: {c / p:.2f}x = {c / s:.2f}x (the schedule: continuous over our static "
+                     f"batches) x {s / p:.2f}x (the step: our static batches over CTranslate2's, the same schedule)")
     expected = report["memory_share_from_lengths"]
     lines.append("bounds (what these requests' lengths allow any schedule without preemption, each request's last block "
                  "partly empty; not goals): " + ", ".join(f"KV share {100 * v:.1f}% at blocks of {b}"

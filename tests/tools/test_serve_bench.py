@@ -69,6 +69,19 @@ def test_a_bound_is_printed_as_a_bound_never_as_a_goal_missed(report):
     assert "where each way's time went" not in text  # the details are apart
 
 
+def test_the_peer_comparison_splits_into_the_schedule_and_the_step(report):
+    """Continuous batching over CTranslate2's static batches is exactly (continuous over our static batches, the
+    same steps) times (our static batches over CTranslate2's, the same schedule)."""
+    r = copy.deepcopy(report)
+    r["runs"].setdefault("ctranslate2_static", dict(r["runs"]["static"]))  # without the extra: a stand-in row
+    r["runs"]["continuous"]["tokens_per_s"], r["runs"]["static"]["tokens_per_s"] = 4500.0, 3000.0
+    r["runs"]["ctranslate2_static"]["tokens_per_s"] = 4000.0
+    assert "against CTranslate2: 1.12x = 1.50x (the schedule: continuous over our static batches) x 0.75x (the step: " \
+        "our static batches over CTranslate2's, the same schedule)" in format_summary(r)
+    del r["runs"]["ctranslate2_static"]
+    assert "against CTranslate2" not in format_summary(r)
+
+
 def test_decode_steps_time_four_steps_beside_their_counts(shipped_char):
     model = shipped_char[0]
     d = decode_steps(model, batch_size=2, context=8, rounds=1)

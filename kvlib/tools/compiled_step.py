@@ -85,6 +85,15 @@ class DecodeStep(torch.nn.Module):
         return logits, logits.argmax(-1)
 
 
+def built(build):
+    """``(build(), None)``, or ``(None, why)`` where a compiler is on the PATH but Inductor cannot use it (a
+    missing OpenMP or Python header, say): the bench then says so and its eager rows stand."""
+    try:
+        return build(), None
+    except Exception as e:  # noqa: BLE001  (whatever the toolchain raised, reported, never swallowed silently)
+        return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
 def compile_step(step: torch.nn.Module, example: tuple, way: str, rows_in: int = 0):
     """``step`` compiled ``way`` ("aoti" or "inductor") for inputs shaped like ``example``; the first ``rows_in``
     inputs take any number of rows (their first dimension). Returns (callable, seconds it took)."""
@@ -198,7 +207,9 @@ def compiled_report(model: GPT, idx: torch.Tensor, new_tokens: int, rounds: int,
     from .timing import interleaved, verdict
 
     eager = generate(model, idx, new_tokens, temperature=0.0).new_tokens
-    decs = {way: compiled_decoder(model, 1, way=way) for way in WAYS}
+    decs, failed = built(lambda: {way: compiled_decoder(model, 1, way=way) for way in WAYS})
+    if decs is None:
+        return {"failed": failed}
     ways = {f"compiled, greedy loop ({NAMES[w]})": (lambda d=d: d.greedy(idx, new_tokens)) for w, d in decs.items()}
     ways[f"compiled step in generate ({NAMES['aoti']})"] = lambda: generate(
         model, idx, new_tokens, temperature=0.0, decoder=compiled_decoder).new_tokens
@@ -226,6 +237,8 @@ STEP_ALONE, READ_ONCE = "the AOTInductor step alone", "reading the weights once"
 def format_compiled(d: dict, floor_us: float | None = None) -> str:
     """The compiled step's lines of ``python -m kvlib bench``: both ways, the goals judged, and the measured reason
     for a goal missed (where a token's microseconds go)."""
+    if "failed" in d:
+        return f"the fast step compiled to C++ by Inductor: it could not be built here ({d['failed']}); the rows above stand"
     n, ms, main = d["new_tokens"], d["ms"], d["main"]
     us = {k: 1e3 * med / n for k, (med, _, _) in ms.items()}
     read = us.get(READ_ONCE)

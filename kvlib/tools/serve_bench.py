@@ -19,12 +19,12 @@ from ..decoding import pad_prompts
 from ..fast import FastDecoder, head_logits, step_weights
 from ..model import GPT
 from ..paged import KV_BLOCK_SIZE, PagedKVCache, ceil_div
-from ..serving import StepClock
 from .serving_runs import RunResult, run_continuous, run_one_at_a_time, run_static_batching
-from .timing import Prepared, Timing, describe_machine, interleaved, machine, percentile, threads, verdict
+from .timing import Timing, describe_machine, interleaved, machine, percentile, threads, verdict
 from ..verify import ATOL, greedy_agreement, near_tie_note
 from .bench import forward_flops, peak_matmul_flops, weight_bytes
 from .compiled_paged import CompiledPagedStep, compiler_available
+from .compiled_step import built
 from .ct2_peer import CT2Peer, ctranslate2_available
 from .traces import make_trace
 
@@ -156,7 +156,9 @@ def decode_steps(model: GPT, batch_size: int = 8, context: int = 64, rounds: int
     fns = {"single_row": fast(1), "static": fast(batch_size), "paged": paged("fast"), "paged_model": paged("model"),
            "products_1": step_products(model, 1, gen), f"products_{batch_size}": step_products(model, batch_size, gen)}
     if compiled and compiler_available():
-        fns["paged_compiled"] = paged("fast", compiled=True)
+        step, out["compile_failed"] = built(lambda: paged("fast", compiled=True))
+        if step is not None:
+            fns["paged_compiled"] = step
     timings = interleaved(fns, rounds, min_run_time=0.05)
     p1, pb = timings.pop("products_1"), timings.pop(f"products_{batch_size}")
     peak = peak_matmul_flops()
@@ -322,68 +324,6 @@ def expected_share(requests: list, kv_block_size: int) -> float:
     return real / used if used else 1.0
 
 
-def prefix_cache_report(model: GPT, requests: list, *, kv_block_size: int = KV_BLOCK_SIZE,
-                        kv_positions: int = 1024) -> dict:
-    """The same requests with prefix caching off and on: prefill tokens computed and prompt tokens found.
-
-    Counts only: what the saving is worth in time is :func:`prefill_ms`'s, timed in interleaved rounds.
-
-    The pool holds ``kv_positions`` positions (as many blocks of ``kv_block_size`` as fit), whatever the block size.
-    Arrivals count in steps (a :class:`~kvlib.serving.StepClock`), so which requests share a prefill, and
-    so what each finds in the pool, is the same on every machine.
-    """
-    num_blocks = max(kv_positions // kv_block_size, ceil_div(model.config.block_size, kv_block_size))
-
-    def serve(**options):
-        clock = StepClock()
-        return run_continuous(model, requests, num_blocks, kv_block_size=kv_block_size, clock=clock,
-                              on_step=lambda engine, record: clock.tick(), **options)
-
-    off, on = serve(), serve(enable_prefix_caching=True)
-    return {"requests": len(requests), "kv_block_size": kv_block_size,
-            "prompt_tokens": sum(len(r.prompt) for r in requests),
-            "prefill_tokens_without": off.prefill_tokens, "prefill_tokens_with": on.prefill_tokens,
-            "prefix_hit_tokens": on.prefix_hit_tokens, **token_agreement(model, requests, [on], off),
-            "preemptions": [off.preemptions, on.preemptions]}
-
-
-@torch.inference_mode()
-def prefill_ms(model: GPT, shared: list[int], suffixes: list[list[int]], repeats: int = 5) -> dict:
-    """One batched prefill of requests that share a prefix, without and with prefix caching, in
-    ``repeats`` interleaved rounds (:func:`kvlib.tools.timing.interleaved`): medians, spreads and the verdict.
-
-    The first request (``shared + suffixes[0]``) is prefilled alone and fills the pool, untimed; the
-    others (``shared + suffix`` each) are then prefilled together, in one forward, and timed: every
-    prompt token without prefix caching, only what follows each one's cached full blocks with it.
-    """
-    prompts = [shared + s for s in suffixes]
-    first, rest = prompts[0], prompts[1:]
-    if not rest:
-        raise ValueError("suffixes must hold at least two suffixes: one request fills the cache, the others hit it")
-    blocks = sum(ceil_div(len(p), KV_BLOCK_SIZE) for p in prompts)
-    sids = list(range(1, len(prompts)))
-    computed = {}
-
-    def prefill(use: bool) -> Prepared:
-        def prepare():
-            cache = PagedKVCache(model.config, blocks, enable_prefix_caching=use)
-            cache.add_sequence(0, first)
-            cache.forward(model, [0], [first])
-            cached = [cache.add_sequence(i, p) for i, p in zip(sids, rest)]
-            new = [p[c:] for p, c in zip(rest, cached)]
-            computed[use] = sum(len(t) for t in new)
-            return lambda: cache.forward(model, sids, new)
-        return Prepared(prepare)
-
-    timed = interleaved({"without": prefill(False), "with prefix caching": prefill(True)}, repeats, min_run_time=0.02)
-    off, on = timed["without"], timed["with prefix caching"]
-    return {"requests_timed": len(rest), "shared_tokens": len(shared), "prompt_tokens": sum(len(p) for p in rest),
-            "computed_without": computed[False], "computed_with": computed[True],
-            "ms_without": 1e3 * off.median, "ms_with": 1e3 * on.median,
-            "spread_ms_without": (1e3 * off.low, 1e3 * off.high),
-            "spread_ms_with": (1e3 * on.low, 1e3 * on.high), "verdict": verdict(on, off)}
-
-
 STEP_NAMES = {"single_row": "one row, fast step", "static": "static batch, fast step",
               "paged": "paged batch, fast step (the engine's)", "paged_model": "paged batch, GPT.forward",
               "paged_compiled": "paged batch, the engine's step compiled"}
@@ -479,6 +419,8 @@ def format_details(report: dict) -> str:
     lines.append(f"  per token, a batch-{d['batch_size']} paged step against one row alone: "
                  f"{d['per_token_batch_vs_single_row']}; the engine's step against GPT.forward's: "
                  f"{d['paged_vs_paged_model']}")
+    if d.get("compile_failed"):
+        lines.append(f"  the engine's step compiled: it could not be built here ({d['compile_failed']})")
     if "compiled_vs_paged" in d:
         x, v = d["compiled_vs_paged"]
         lines.append(f"  the engine's step compiled (AOTInductor, built in {d['compile_s']:.0f} s) took {x:.2f}x the eager "

@@ -58,3 +58,16 @@ def test_the_serve_bench_times_the_compiled_engine_step_beside_the_eager_one(shi
     assert "paged batch, the engine's step compiled" in format_details(report)
     with pytest.raises(TypeError, match="compiled"):
         run_serve_bench(model, tok, poems, compiled="yes")
+
+
+def test_serve_reports_an_engine_step_that_could_not_be_built(shipped_char, monkeypatch):
+    import kvlib.tools.serve_bench as sb
+
+    def broken(*args, **kwargs):
+        raise OSError("no OpenMP")
+
+    monkeypatch.setattr(sb, "compiler_available", lambda: True)
+    monkeypatch.setattr(sb, "CompiledPagedStep", broken)
+    d = sb.decode_steps(shipped_char[0], batch_size=2, context=8, rounds=1, compiled=True)
+    assert d["compile_failed"] == "OSError: no OpenMP" and "paged_compiled" not in d["steps"]
+    assert "compiled_vs_paged" not in d

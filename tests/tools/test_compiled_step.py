@@ -83,3 +83,16 @@ def test_the_report_judges_both_goals_and_says_where_the_time_goes():
     assert "10 in the Python loop around it" in text
     d["same_tokens"]["ctranslate2"] = False
     assert "all but ctranslate2" in format_compiled(d)
+
+
+def test_a_compiler_inductor_cannot_use_is_reported_and_the_eager_rows_stand(shipped_char, monkeypatch):
+    model, tok = shipped_char
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("C++ compile error\nfatal error: omp.h: No such file or directory")
+
+    monkeypatch.setattr(compiled_step, "compiled_decoder", broken)
+    d = compiled_step.compiled_report(model, torch.tensor([tok.encode("春眠")]), 4, rounds=1)
+    assert d == {"failed": "RuntimeError: C++ compile error"}
+    assert format_compiled(d, floor_us=25.0) == ("the fast step compiled to C++ by Inductor: it could not be built here "
+                                                 "(RuntimeError: C++ compile error); the rows above stand")

@@ -101,6 +101,7 @@ def compile_step(step: torch.nn.Module, example: tuple, way: str, rows_in: int =
     from torch._inductor import aoti_compile_and_package, aoti_load_package  # AOTInductor's documented entry points
 
     check_choice("way", way, WAYS)
+    rows_in = check_int("rows_in", rows_in, 0, len(example))
     start = time.perf_counter()
     # Weights as constants (freezing) let Inductor write each product's loops itself, with the bias and what
     # follows fused in, where its timings pick that over the library call (CPP against ATen); quietly.

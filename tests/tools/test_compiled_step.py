@@ -96,3 +96,9 @@ def test_a_compiler_inductor_cannot_use_is_reported_and_the_eager_rows_stand(shi
     assert d == {"failed": "RuntimeError: C++ compile error"}
     assert format_compiled(d, floor_us=25.0) == ("the fast step compiled to C++ by Inductor: it could not be built here "
                                                  "(RuntimeError: C++ compile error); the rows above stand")
+
+
+@pytest.mark.parametrize("way, rows_in, word", [("jit", 0, "way"), ("aoti", 3, "rows_in"), ("aoti", -1, "rows_in")])
+def test_compile_step_refuses_what_it_cannot_build(way, rows_in, word):
+    with pytest.raises(ValueError, match=rf"\b{word}\b"):
+        compiled_step.compile_step(torch.nn.Identity(), (torch.zeros(1),), way, rows_in)
